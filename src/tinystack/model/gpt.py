@@ -1,0 +1,159 @@
+"""The PyTorch GPT: GPT-2's architecture, small enough to read in one sitting.
+
+    idx [B, T] -> token embedding + position embedding -> n_layer x Block -> ln_f -> lm_head -> logits [B, T, V]
+    Block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))          (pre-LayerNorm, residual stream)
+
+It is exactly GPT-2 (tanh-GELU, LayerNorm eps 1e-5, biases, tied input/output
+embeddings), so a model directory written by `model.io` is also a valid Hugging
+Face GPT-2 checkpoint and vice versa; module names follow GPT-2's
+(`transformer.h.0.attn.c_attn`, ...) so the NumPy backend can mirror them.
+
+Incremental decoding: `forward(idx, kv_cache=cache, start_pos=p)` treats `idx` as the
+tokens at positions p..p+T-1, appends their keys/values to the cache and attends
+over everything cached so far. The cache only needs `update(layer, k, v, start_pos)
+-> (k_all, v_all)`; see `tinystack.infer.kv_cache`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 128  # max positions (GPT-2's n_positions)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class KVCacheLike(Protocol):
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCacheLike | None = None, start_pos: int = 0) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # [B, T, C] -> [B, nh, T, hd]: heads become a batch dimension for the attention matmuls
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v, start_pos)  # now [B, nh, start_pos + T, hd]
+        S = k.size(2)
+        if S == T:  # no history: the plain causal triangle
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        else:
+            # queries sit at positions S-T..S-1 and may see keys 0..their own position
+            q_pos = torch.arange(S - T, S, device=x.device)[:, None]
+            mask = torch.arange(S, device=x.device)[None, :] <= q_pos  # [T, S], True = attend
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
+        self.attn = CausalSelfAttention(cfg, layer_idx)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCacheLike | None = None, start_pos: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, start_pos)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+                drop=nn.Dropout(cfg.dropout),
+                h=nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)]),
+                ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps),
+            )
+        )
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying: one matrix in and out
+        self.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream
+        # does not grow with depth (each block adds two of them)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCacheLike | None = None,
+        start_pos: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx [B, T] token ids at positions start_pos.. -> (logits [B, T, V], mean cross-entropy or None).
+
+        `targets` uses -1 for positions to ignore. Raises ValueError if the positions
+        run past `block_size` (there is no position embedding for them).
+        """
+        B, T = idx.shape
+        if start_pos + T > self.config.block_size:
+            raise ValueError(f"sequence of {start_pos + T} tokens exceeds block_size={self.config.block_size}")
+        pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x, kv_cache, start_pos)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
