@@ -22,6 +22,7 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be readable like any file
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()

@@ -33,7 +33,7 @@ class DataConfig:
     min_chars: int = 32  # length filter, after normalisation
     max_chars: int = 20_000
     split_by: str = "source"  # "source" | "time"
-    val_fraction: float = 0.05  # share of sources (split_by=source)
+    val_fraction: float = 0.05  # share of records, whole sources at a time (split_by=source)
     test_fraction: float = 0.05
     val_from: str = ""  # ISO timestamps (split_by=time): [val_from, test_from) -> val, >= test_from -> test
     test_from: str = ""
