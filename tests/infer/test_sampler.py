@@ -1,0 +1,68 @@
+"""Sampling: greedy is argmax, filters keep exactly the allowed tokens, seeds reproduce."""
+import pytest
+import torch
+
+from tinystack.infer import SamplingParams, sample_next, top_k_filter, top_p_filter
+
+
+def _logits(batch=4, vocab=50, seed=0):
+    return torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax():
+    logits = _logits()
+    assert torch.equal(sample_next(logits, SamplingParams(temperature=0.0)), logits.argmax(-1))
+
+
+def test_top_k_never_emits_outside_top_k():
+    logits = _logits()
+    allowed = torch.topk(logits, 5, dim=-1).indices
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        tok = sample_next(logits, SamplingParams(temperature=2.0, top_k=5), gen)
+        assert (allowed == tok[:, None]).any(-1).all()
+
+
+def test_top_p_never_emits_outside_nucleus():
+    logits = _logits()
+    p = 0.6
+    probs = logits.softmax(-1)
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(300):
+        tok = sample_next(logits, SamplingParams(temperature=1.0, top_p=p), gen)
+        for row, t in enumerate(tok.tolist()):
+            # t is in the nucleus iff the mass of tokens strictly more likely than t is < p
+            assert probs[row][probs[row] > probs[row, t]].sum() < p
+            seen.add((row, t))
+    assert len(seen) > 4  # it does sample, not just argmax
+
+
+def test_filters_keep_exact_sets():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    assert torch.isinf(top_k_filter(logits, 2)).tolist() == [[True, False, False, True]]
+    probs = logits.softmax(-1)[0]  # ~[0.03, 0.64, 0.24, 0.09]
+    kept = ~torch.isinf(top_p_filter(logits, float(probs[1]) + 0.01))
+    assert kept.tolist() == [[False, True, True, False]]
+    assert (~torch.isinf(top_p_filter(logits, 0.01))).sum() == 1  # the top token always survives
+
+
+def test_fixed_seed_reproduces_and_differs_across_seeds():
+    logits = _logits(batch=1, vocab=1000)
+    params = SamplingParams(temperature=1.5)
+    draw = lambda s: [int(sample_next(logits, params, torch.Generator().manual_seed(s))) for _ in range(1)]
+    runs = [[int(sample_next(logits, params, g)) for _ in range(20)]
+            for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7))]
+    assert runs[0] == runs[1]
+    other = [int(sample_next(logits, params, g)) for g in [torch.Generator().manual_seed(8)] for _ in range(20)]
+    assert other != runs[0]
+    assert draw(7) == runs[0][:1]
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
+    ({"top_k": -2}, "top_k"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+])
+def test_invalid_params_are_refused(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        SamplingParams(**kwargs)
