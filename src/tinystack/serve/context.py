@@ -1,0 +1,57 @@
+"""Per-request context: the request id, its timing, and the fields of its log line.
+
+Created by `RequestContextMiddleware` when a request arrives and stored in the ASGI
+scope's state, so dependencies, routes and error handlers can all reach it
+(`get_context(request)` or `Depends(request_context)`), and the middleware writes
+it to the request log once the response is sent.
+"""
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from tinystack.observe.timing import RequestTiming
+
+REQUEST_ID_HEADER = "x-request-id"
+STATE_KEY = "tinystack_ctx"
+# An incoming x-request-id is honoured only if it is short and plain (it goes into logs and headers).
+_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def new_request_id(incoming: str | None = None) -> str:
+    """`incoming` if it is a plain id (<= 128 chars of [A-Za-z0-9._:-]), else a fresh uuid4 hex."""
+    if incoming is not None and _VALID_REQUEST_ID.fullmatch(incoming):
+        return incoming
+    return uuid.uuid4().hex
+
+
+@dataclass
+class RequestContext:
+    """What the server knows about one request; `fields` end up in its log line."""
+
+    request_id: str
+    timing: RequestTiming
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def mark_returned(self) -> None:
+        """Mark the `returned` point unless it already is (the response is ready)."""
+        if not self.timing.is_marked("returned"):
+            self.timing.mark("returned")
+
+
+def get_context(request: Request) -> RequestContext | None:
+    """The context the middleware attached, or None (app used without the middleware)."""
+    ctx = request.scope.get("state", {}).get(STATE_KEY)
+    return ctx if isinstance(ctx, RequestContext) else None
+
+
+async def request_context(request: Request) -> RequestContext:
+    """FastAPI dependency (async: no thread hop): this request's context; raises if the middleware is missing."""
+    ctx = get_context(request)
+    if ctx is None:
+        raise RuntimeError("RequestContextMiddleware is not installed")
+    return ctx

@@ -1,0 +1,89 @@
+"""Running the app with uvicorn: in the foreground (the CLI) or on a background thread (demo, tests).
+
+`run_in_background` binds the listening socket itself, before uvicorn starts, so with
+`port=0` the real port is known without reading uvicorn's internals, and a port that
+is taken fails at once with a clear error. The server thread is a daemon, so a stuck
+shutdown can never keep the interpreter alive.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import uvicorn
+
+
+def serve_forever(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve `app` on host:port until interrupted (Ctrl-C / SIGTERM)."""
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port}: {e}") from e
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@contextmanager
+def run_in_background(app: Any, host: str = "127.0.0.1", port: int = 0, *, startup_timeout_s: float = 10.0,
+                      shutdown_timeout_s: float = 10.0, log_level: str = "warning") -> Iterator[str]:
+    """Serve `app` on a daemon thread; yields the base URL ("http://127.0.0.1:PORT").
+
+    port=0 picks a free port. Waits at most `startup_timeout_s` for the server (and the
+    app's lifespan startup) to be up, else raises RuntimeError. On exit asks uvicorn
+    to stop, gives in-flight requests up to `shutdown_timeout_s`, and joins the thread.
+    """
+    sock = _bind(host, port)
+    actual_port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=max(1, int(shutdown_timeout_s)))
+    server = uvicorn.Server(config)
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as e:  # SystemExit from a failed lifespan startup included
+            failure.append(e)
+
+    thread = threading.Thread(target=target, name=f"uvicorn-{actual_port}", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while not server.started:
+            if not thread.is_alive():
+                why = f": {failure[0]!r}" if failure else " (see the log above)"
+                raise RuntimeError(f"server on {host}:{actual_port} exited during startup{why}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server on {host}:{actual_port} did not start within {startup_timeout_s:g} s")
+            time.sleep(0.01)
+        yield _url(host, actual_port)
+    finally:
+        server.should_exit = True
+        thread.join(shutdown_timeout_s + 5)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(5)
+        if thread.is_alive():
+            warnings.warn(f"server thread on port {actual_port} did not stop; leaving it (daemon)", RuntimeWarning,
+                          stacklevel=3)
+        sock.close()

@@ -1,0 +1,142 @@
+"""POST /generate against a real server: valid answers, determinism, and a 4xx (never 5xx) for bad input."""
+import re
+
+import httpx
+import pytest
+
+from tinystack.infer import Engine
+
+PROMPT = "return the number of"
+
+
+@pytest.fixture
+def client(serve, engine):
+    served = serve(engine, max_prompt_chars=400, max_tokens_limit=32)
+    with httpx.Client(base_url=served.url, timeout=10) as c:
+        yield c
+
+
+def test_valid_request_returns_text_tokens_and_timing(client, tokenizer):
+    r = client.post("/generate", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0.8, "seed": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert isinstance(body["text"], str)
+    assert body["prompt_tokens"] == len(tokenizer.encode_ordinary(PROMPT))
+    assert body["completion_tokens"] == len(body["tokens"]) <= 8
+    assert body["text"] == tokenizer.decode(body["tokens"])
+    assert body["finish_reason"] in ("stop", "length")
+    t = body["timing"]
+    assert set(t) == {"queue_ms", "inference_ms", "total_ms", "prefill_ms", "decode_ms"}
+    assert all(v >= 0 for v in t.values())
+    assert t["total_ms"] >= t["queue_ms"] + t["inference_ms"]
+    assert t["inference_ms"] > 0
+    assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])
+
+
+def test_incoming_request_id_is_honoured(client):
+    r = client.post("/generate", json={"prompt": PROMPT, "max_tokens": 2}, headers={"x-request-id": "abc-123"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "abc-123"
+    r = client.post("/generate", json={"prompt": PROMPT, "max_tokens": 2}, headers={"x-request-id": "bad id\t!"})
+    assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])  # not plain: replaced
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.0, "seed": 1}, {"temperature": 1.0, "top_k": 20, "seed": 7}])
+def test_same_seed_same_output(client, params):
+    body = {"prompt": PROMPT, "max_tokens": 12, **params}
+    a, b = (client.post("/generate", json=body) for _ in range(2))
+    assert a.status_code == b.status_code == 200
+    assert a.json()["tokens"] == b.json()["tokens"]
+    assert a.json()["text"] == b.json()["text"]
+
+
+def test_empty_prompt_is_allowed(client):
+    r = client.post("/generate", json={"prompt": "", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["prompt_tokens"] == 1  # starts from the separator token
+
+
+BAD_BODIES = [
+    ({"max_tokens": 5}, 422, "prompt"),
+    ({"prompt": 123}, 422, "prompt"),
+    ({"prompt": ["a"]}, 422, "prompt"),
+    ({"prompt": PROMPT, "max_tokens": "5"}, 422, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 2.5}, 422, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 0}, 422, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 33}, 422, "max_tokens"),  # over max_tokens_limit=32
+    ({"prompt": PROMPT, "temperature": -0.1}, 422, "temperature"),
+    ({"prompt": PROMPT, "temperature": 5.5}, 422, "temperature"),
+    ({"prompt": PROMPT, "temperature": "hot"}, 422, "temperature"),
+    ({"prompt": PROMPT, "top_p": 0}, 422, "top_p"),
+    ({"prompt": PROMPT, "top_p": 1.5}, 422, "top_p"),
+    ({"prompt": PROMPT, "top_k": -1}, 422, "top_k"),
+    ({"prompt": PROMPT, "top_k": 1.5}, 422, "top_k"),
+    ({"prompt": PROMPT, "seed": -1}, 422, "seed"),
+    ({"prompt": PROMPT, "seed": 2**70}, 422, "seed"),
+    ({"prompt": PROMPT, "stream": True}, 422, "stream"),  # extra fields are forbidden
+    ([PROMPT], 422, "JSON object"),
+]
+
+
+@pytest.mark.parametrize("body,status,mentions", BAD_BODIES, ids=[str(b[0])[:40] for b in BAD_BODIES])
+def test_bad_bodies_get_a_4xx_naming_the_problem(client, body, status, mentions):
+    r = client.post("/generate", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert mentions in err["message"]
+    assert err["type"] == "invalid_request_error" and err["code"]
+
+
+@pytest.mark.parametrize("content,headers", [
+    (b'{"prompt": "unterminated', {"content-type": "application/json"}),
+    (b"{'prompt': 'single quotes'}", {"content-type": "application/json"}),
+    (b'{"prompt": "x", "temperature": NaN}', {"content-type": "application/json"}),
+    (b"", {"content-type": "application/json"}),
+    (b"prompt=hello", {"content-type": "application/x-www-form-urlencoded"}),
+    (b"\xff\xfe not utf-8", {"content-type": "application/json"}),
+])
+def test_malformed_bodies_get_a_4xx(client, content, headers):
+    r = client.post("/generate", content=content, headers=headers)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error"]["message"]
+
+
+def test_malformed_json_is_400_with_position(client):
+    r = client.post("/generate", content=b'{"prompt": ', headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "malformed_json"
+    assert "malformed JSON" in r.json()["error"]["message"] and "character" in r.json()["error"]["message"]
+
+
+def test_prompt_over_the_character_limit_is_413_with_the_numbers(client):
+    r = client.post("/generate", json={"prompt": "a" * 401})
+    assert r.status_code == 413
+    assert "401" in r.json()["error"]["message"] and "400" in r.json()["error"]["message"]
+
+
+def test_prompt_over_the_model_context_is_400_with_the_numbers(client, tokenizer):
+    prompt = " ".join(f"w{i}" for i in range(60))  # few chars, many tokens
+    assert len(prompt) <= 400 and len(tokenizer.encode_ordinary(prompt)) >= 64
+    r = client.post("/generate", json={"prompt": prompt})
+    assert r.status_code == 400
+    msg = r.json()["error"]["message"]
+    assert "64" in msg and "tokens" in msg
+
+
+def test_unknown_route_and_method_use_the_error_shape(client):
+    assert client.get("/nope").json()["error"]["code"] == "not_found"
+    r = client.get("/generate")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_engine_failure_is_a_generic_500(serve, tokenizer, tiny_model):
+    class BrokenEngine(Engine):
+        def generate(self, prompt, params, cancel=None, on_token=None):
+            raise RuntimeError("secret internal detail")
+
+    served = serve(BrokenEngine(tiny_model, tokenizer))
+    with httpx.Client(base_url=served.url, timeout=10) as c:
+        r = c.post("/generate", json={"prompt": PROMPT})
+        assert r.status_code == 500
+        assert r.json()["error"]["code"] == "internal_error"
+        assert "secret" not in r.text and "Traceback" not in r.text
+        assert r.headers["x-request-id"] in r.json()["error"]["message"]
+        assert c.get("/health").json()["in_flight"] == 0  # the slot was given back
