@@ -9,7 +9,6 @@ every value is checked against the field's declared type.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -114,13 +113,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    def section_hash(self, *names: str) -> str:
-        """Stable hash of some sections, used to tell whether a pipeline stage is stale."""
-        import hashlib
-
-        blob = json.dumps({n: dataclasses.asdict(getattr(self, n)) for n in names}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:

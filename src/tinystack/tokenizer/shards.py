@@ -49,6 +49,8 @@ def load_tokens(path: str | Path) -> np.memmap:
     """Memory-map a token file written by `encode_jsonl_to_bin` (read-only)."""
     path = Path(path)
     meta = read_json(path.with_suffix(".json"))
+    if meta["tokens"] == 0:  # an empty split (e.g. a corpus with too few sources): mmap refuses empty files
+        return np.zeros(0, dtype=np.dtype(meta["dtype"]))
     return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
 
 

@@ -120,6 +120,9 @@ def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray
                 if log:
                     log.write(json.dumps(record) + "\n")
                 val_txt = f" val {val_loss:.3f}" if val_loss is not None else ""
+                if "val_loss" in record and progress:  # a plain line too, so logs and CI output show progress
+                    bar.console.print(f"step {step + 1}/{cfg.max_iters}: loss {loss_value:.3f}{val_txt}, "
+                                      f"lr {lr:.2e}, {record['tokens_per_s']:,.0f} tokens/s")
                 bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {record['tokens_per_s']:,.0f} tok/s")
     finally:
         if log:

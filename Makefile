@@ -1,0 +1,30 @@
+# The two quick-start commands: `make demo` (set up + run the pipeline) and `make test` (set up + run the tests).
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+# The CPU build of torch; pinned so a fresh machine does not pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test setup setup-dev clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+setup-dev: $(VENV)/.installed-dev
+
+demo: setup
+	$(VENV)/bin/tinystack run $(ARGS)
+
+test: setup-dev
+	$(PY) -m pytest -q $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
