@@ -66,3 +66,31 @@ def test_user_errors_exit_2_with_one_line(args, msg):
     proc = _run(*args, timeout=60)
     assert proc.returncode == 2
     assert msg in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
+    """The subcommands chain like `tinystack run`: corpus -> prepare -> tokenizer -> train -> eval -> generate."""
+    workdir, _ = smoke_run
+    small = ["--config", str(SMOKE), "--set", "train.max_iters=20"]
+    steps = [
+        ["data", "corpus", "--out", str(tmp_path / "c.jsonl"), "--max-docs", "3000"],
+        ["data", "prepare", "--input", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "data"), *small],
+        ["tokenizer", "train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "tok"), *small],
+        ["train", "--tokens", str(tmp_path / "tok"), "--out", str(tmp_path / "model"), *small],
+        ["eval", "--model", str(tmp_path / "model"), "--tokens", str(tmp_path / "tok"), "--out",
+         str(tmp_path / "eval.json"), *small],
+    ]
+    for args in steps:
+        proc = _run(*args)
+        assert proc.returncode == 0, (args, proc.stderr[-2000:])
+    # same config + same corpus -> the same split and tokenizer as the pipeline's
+    assert (tmp_path / "data" / "train.jsonl").read_bytes() == (workdir / "data" / "train.jsonl").read_bytes()
+    assert (tmp_path / "tok" / "tokenizer.json").read_bytes() == (workdir / "tokenizer" / "tokenizer.json").read_bytes()
+    assert json.loads((tmp_path / "eval.json").read_text())["val"]["tokens"] > 0
+
+    proc = _run("generate", "--model", str(workdir / "model"), "--prompt", "Return the", "--temperature", "0",
+                "--max-tokens", "5")
+    assert proc.returncode == 0 and proc.stdout.startswith("Return the")
+    assert "finish_reason=" in proc.stderr
+    proc = _run("bench", "--model", str(workdir / "model"), "--prompt-tokens", "16", "--new-tokens", "16")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["same_tokens"] is True
