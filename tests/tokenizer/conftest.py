@@ -5,13 +5,25 @@ sibling helper modules, so tests get everything through fixtures.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from tinystack.tokenizer import BPETokenizer
 
-SHAKESPEARE = Path(__file__).resolve().parents[2].parent / "shared/data/tinyshakespeare.txt"
+def _stdlib_english() -> str:
+    """~330 kB of English prose built on this machine: the standard library's docstrings."""
+    from tinystack.data.corpus import iter_corpus
+
+    parts, size = [], 0
+    for record in iter_corpus():
+        parts.append(record.text)
+        size += len(record.text)
+        if size > 330_000:
+            break
+    return "\n\n".join(parts)
+
+
+ENGLISH = _stdlib_english()
 
 # Always mixed into the corpus so merges exist inside multi-byte UTF-8 (Chinese,
 # emoji), in code indentation and in digits -- the places tokenizers disagree.
@@ -31,12 +43,7 @@ Emoji: 🤖🚀✨👍🏽 👨‍👩‍👧 — “quotes” and ‘apostrophe
 
 
 def corpus_texts() -> list[str]:
-    texts = [MIXED] * 30
-    if SHAKESPEARE.exists():
-        texts.append(SHAKESPEARE.read_text(encoding="utf-8")[:300_000])
-    else:  # keeps the suite runnable without the shared data folder
-        texts += [MIXED.upper(), "The quick brown fox jumps over the lazy dog. " * 500]
-    return texts
+    return [MIXED] * 30 + [ENGLISH[:300_000]]
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +64,5 @@ def mixed() -> str:
 
 @pytest.fixture(scope="session")
 def english() -> str:
-    """30 kB of English the tokenizer was not trained on (the end of tinyshakespeare)."""
-    if SHAKESPEARE.exists():
-        return SHAKESPEARE.read_text(encoding="utf-8")[-30_000:]
-    return "It was the best of times, it was the worst of times. " * 200
+    """30 kB of English the tokenizer was not trained on (docstrings past the training slice)."""
+    return ENGLISH[-30_000:]
