@@ -15,3 +15,17 @@ def write_lines(path: Path, lines: list[str | bytes]) -> Path:
 
 def read_jsonl_dicts(path: Path) -> list[dict[str, Any]]:
     return [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+
+
+_VOCAB = ("river stone cloud market garden window signal paper engine forest harbor lantern "
+          "meadow copper violin thunder pocket silver ladder orchard canvas bridge falcon marble "
+          "pepper saddle tunnel velvet walnut anchor basket candle dragon ember feather glacier").split()
+
+
+def distinct_text(seed: int, n_words: int = 12) -> str:
+    """A deterministic sentence of random words: different seeds give texts far below any
+    near-duplicate threshold, so only the duplicates a test plants are duplicates."""
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_VOCAB) for _ in range(n_words)).capitalize() + "."

@@ -56,3 +56,14 @@ def test_text_sha256_is_stable():
     import hashlib
 
     assert text_sha256("  abc \r\n") == hashlib.sha256(b"abc").digest()
+
+
+def test_exact_key_is_nfkc_with_collapsed_whitespace_and_optional_casefold():
+    from tinystack.data.dedup import exact_key
+
+    a = "Ｆｕｌｌ\u3000width  text,\n\nsame ﬁle"  # full-width letters, ideographic space, ligature
+    b = "Full width text, same file"
+    assert exact_key(a) == exact_key(b)
+    assert exact_key(b) != exact_key(b.lower()) and exact_key(b, casefold=True) == exact_key(b.lower(), casefold=True)
+    step = ExactDedup(casefold=True)
+    assert [r.text for r in step([Record(text=b), Record(text=a), Record(text=b.upper())])] == [b]

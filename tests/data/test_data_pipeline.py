@@ -6,7 +6,7 @@ import json
 import pytest
 
 import tinystack.data.pipeline as pipeline_mod
-from data_helpers import read_jsonl_dicts, write_lines
+from data_helpers import distinct_text, read_jsonl_dicts, write_lines
 from tinystack.data.manifest import split_files_hash, verify_data_dir
 from tinystack.data.pipeline import prepare
 from tinystack.data.split import SPLITS
@@ -21,17 +21,17 @@ def _craft(tmp_path):
     texts_seen: set[str] = set()
     for s in range(N_SOURCES):
         for i in range(s + 2):  # sources of different sizes
-            text = f"Source {s} document {i}: the quick brown fox jumps over the lazy dog."
+            text = f"Source {s} document {i}: {distinct_text(100 * s + i)}"
             lines.append(json.dumps({"text": text, "source": f"src{s}", "label": "x"}))
             texts_seen.add(text)
     # duplicates, with whitespace variations so only normalisation makes them equal
     for s, i in [(0, 0), (3, 1), (3, 1), (7, 2)]:
-        text = f"Source {s} document {i}: the quick brown fox jumps over the lazy dog.   \r\n"
+        text = f"Source {s} document {i}: {distinct_text(100 * s + i)}   \r\n"
         lines.append(json.dumps({"text": text, "source": f"src{(s + 5) % N_SOURCES}"}))
         exp["dups"] += 1
     lines += [json.dumps({"text": "short", "source": "src1"})] * 3
     exp["too_short"] += 3
-    lines.append(json.dumps({"text": "L" * 500, "source": "src2"}))
+    lines.append(json.dumps({"text": distinct_text(9999, 60), "source": "src2"}))  # > 200 chars
     exp["too_long"] += 1
     bad = ["{oops", "[]", '{"text": 1}', b'{"text": "\xfe"}']
     lines += bad
@@ -146,7 +146,7 @@ def test_bad_arguments_fail_before_touching_outputs(tmp_path):
 
 def test_prepare_time_split(tmp_path):
     rows = [
-        {"text": f"event log entry number {i} with enough text", "source": "log", "timestamp": f"2024-0{1 + i % 6}-15T00:00:00Z"}
+        {"text": f"event log entry {i}: {distinct_text(i, 6)}", "source": "log", "timestamp": f"2024-0{1 + i % 6}-15T00:00:00Z"}
         for i in range(30)
     ]
     rows.append({"text": "an entry that has no timestamp at all", "source": "log"})
@@ -156,7 +156,7 @@ def test_prepare_time_split(tmp_path):
     assert m["splits"]["train"]["records"] == sum(mo < 4 for mo in months)
     assert m["splits"]["val"]["records"] == sum(4 <= mo < 6 for mo in months)
     assert m["splits"]["test"]["records"] == sum(mo >= 6 for mo in months)
-    assert m["steps"][-1]["dropped"] == {"missing_timestamp": 1}
+    assert next(s for s in m["steps"] if s["name"] == "split_by_time")["dropped"] == {"missing_timestamp": 1}
     assert m["rejects"]["by_reason"] == {"missing_timestamp": 1}
     (entry,) = read_jsonl_dicts(tmp_path / "out" / "rejected.jsonl")
     assert (entry["line"], entry["reason"]) == (31, "missing_timestamp")
@@ -165,7 +165,7 @@ def test_prepare_time_split(tmp_path):
 
 
 def test_few_sources_warns_about_empty_splits(tmp_path):
-    path = write_lines(tmp_path / "one.jsonl", [json.dumps({"text": f"only one source here, doc {i}"}) for i in range(5)])
+    path = write_lines(tmp_path / "one.jsonl", [json.dumps({"text": f"only one source, doc {i}: {distinct_text(i, 5)}"}) for i in range(5)])
     m = prepare([path], tmp_path / "out", min_chars=5)
     assert m["splits"]["train"]["records"] == 5
     assert m["warnings"] == ["val split is empty", "test split is empty"]

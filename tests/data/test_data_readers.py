@@ -105,8 +105,8 @@ def test_read_inputs_dispatch_and_fail_fast(tmp_path, text_folder):
     recs = list(read_inputs([j, text_folder], Rejects()))
     assert recs[0].text == "from jsonl" and recs[1].source == "a.txt"
     assert [p.name for p in input_files([j, text_folder])] == ["x.jsonl", "a.txt", "bad.txt", "b.txt"]
-    (tmp_path / "data.csv").write_text("a,b\n")
-    for bad, exc in [(tmp_path / "missing.jsonl", FileNotFoundError), (tmp_path / "data.csv", ValueError)]:
+    (tmp_path / "data.xml").write_text("<a/>\n")
+    for bad, exc in [(tmp_path / "missing.jsonl", FileNotFoundError), (tmp_path / "data.xml", ValueError)]:
         gen = read_inputs([j, bad], Rejects())
         with pytest.raises(exc):
             next(gen)  # raises before yielding the valid file's record

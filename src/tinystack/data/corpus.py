@@ -43,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
-from tinystack.data.dedup import text_sha256
+from tinystack.data.dedup import exact_key
 from tinystack.data.records import Record, write_jsonl
 
 SKIP_DIRS = frozenset({"test", "tests", "idle_test", "idlelib", "turtledemo", "__phello__", "__pycache__"})
@@ -167,7 +167,7 @@ def build_corpus(out_path: str | Path, max_docs: int = 0, *, root: str | Path | 
         for r in records:
             sources[r.source] += 1
             labels[str(r.label)] += 1
-            key = text_sha256(r.text)
+            key = exact_key(r.text)
             dups += key in seen
             seen.add(key)
             yield r

@@ -1,10 +1,17 @@
-"""`prepare`: inputs -> read -> normalize -> length filter -> exact dedup -> split -> files.
+"""`prepare`: inputs -> read -> normalize -> length -> quality filters -> exact dedup
+-> near dedup -> split -> leakage removal -> files.
 
 Output directory layout:
 
-    out_dir/train.jsonl, val.jsonl, test.jsonl   the splits (records, input order kept)
+    out_dir/train.jsonl, val.jsonl, test.jsonl   the splits (records, input order kept,
+                                                 each with its near-dedup ``cluster_id``)
     out_dir/rejected.jsonl                       only if something was rejected
     out_dir/manifest.json                        counts, hashes, parameters (written last)
+
+Streaming: records flow through generators; the steps that must see everything
+(near dedup, the source split) park records in on-disk spools, so memory holds the
+signature index and per-source counts, not the corpus. val/test are filtered for
+leakage against an index of train (then train + val) built from the written files.
 
 Every file is written atomically. The old manifest is deleted *first* and the new one
 written *last*, so it acts as a commit marker: if a run dies halfway, the directory
@@ -12,7 +19,7 @@ has no manifest (or, if the files were edited later, `verify_data_dir` reports a
 mismatch) and later stages know the data is not ready.
 
 Accounting: each step's ``in == kept + sum(dropped)`` and each step's ``kept`` equals
-the next step's ``in``; this is checked before anything is written, so the manifest can
+the next step's ``in``; this is checked before the manifest is written, so it can
 always explain where every input line went (reader rejects are the "read" step's
 drops and are itemised in rejected.jsonl).
 """
@@ -25,12 +32,20 @@ from typing import Any, Iterable, Iterator, Sequence
 from tinystack.atomic import write_json
 from tinystack.data.clean import LengthFilter, Normalize
 from tinystack.data.dedup import ExactDedup
+from tinystack.data.filters import QualityParams
+from tinystack.data.formats import IDENTITY, FieldMap
 from tinystack.data.manifest import FORMAT, MANIFEST, combine_hashes, sha256_file
+from tinystack.data.near_dedup import NearDedup
+from tinystack.data.neardup import NearDupIndex, NearDupParams
+from tinystack.data.progress import track
 from tinystack.data.readers import TextMode, input_files, read_inputs
 from tinystack.data.records import Record, write_jsonl
 from tinystack.data.rejects import Rejects
-from tinystack.data.split import SPLITS, Splitter
-from tinystack.data.steps import Step, StepStats
+from tinystack.data.split import SPLITS, StreamSplitter
+from tinystack.data.spool import Spool
+from tinystack.data.steps import StepStats
+
+LEAK_BATCH = 2048  # val/test records queried against the index at a time
 
 
 def _read_step(stream: Iterable[Record], rejects: Rejects, stats: StepStats) -> Iterator[Record]:
@@ -42,31 +57,50 @@ def _read_step(stream: Iterable[Record], rejects: Rejects, stats: StepStats) -> 
     stats.n_in = stats.kept + stats.dropped_total
 
 
-def _with_progress(stream: Iterable[Record], enabled: bool) -> Iterator[Record]:
-    """Show a live record counter on stderr (rich) when enabled; otherwise pass through."""
-    if not enabled:
-        yield from stream
-        return
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        SpinnerColumn(), TextColumn("data: {task.completed} records kept"), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True,
-    ) as bar:
-        task = bar.add_task("prepare", total=None)
-        for i, r in enumerate(stream, start=1):
-            if i % 1000 == 0:
-                bar.update(task, completed=i)
-            yield r
-
-
 def _check_accounting(chain: list[StepStats]) -> None:
     for s in chain:
         s.check()
     for a, b in zip(chain, chain[1:]):
         if a.kept != b.n_in:
             raise AssertionError(f"step {a.name} kept {a.kept} but step {b.name} received {b.n_in}")
+
+
+def _without_leaks(records: Iterable[Record], index: NearDupIndex | None, n_train: int, stats: StepStats,
+                   split: str) -> Iterator[Record]:
+    """Drop records with a near duplicate in the index (rows < n_train are train)."""
+    def flush(batch: list[Record]) -> Iterator[Record]:
+        matches = index.query([r.text for r in batch]) if index is not None else [None] * len(batch)
+        for r, m in zip(batch, matches):
+            stats.n_in += 1
+            if m is None:
+                stats.kept += 1
+                yield r
+                continue
+            reason = "leak_near_train" if m.index < n_train else "leak_near_val"
+            stats.dropped[reason] += 1
+            stats.add_example(r, reason)
+            stats.extra["leaked"][split] += 1
+
+    batch: list[Record] = []
+    for r in records:
+        batch.append(r)
+        if len(batch) == LEAK_BATCH:
+            yield from flush(batch)
+            batch = []
+    yield from flush(batch)
+
+
+def _split_info(records: Iterable[Record], info: dict[str, Any]) -> Iterator[Record]:
+    """Pass records through while counting records, chars and distinct sources."""
+    sources: set[str] = set()
+    info.update(records=0, chars=0)
+    for r in records:
+        info["records"] += 1
+        info["chars"] += len(r.text)
+        sources.add(r.source)
+        yield r
+    info["sources"] = len(sources)
+    info["_sources"] = sources
 
 
 def prepare(
@@ -82,82 +116,126 @@ def prepare(
     test_from: str = "",
     progress: bool = False,
     text_mode: TextMode = "blocks",
+    fields: FieldMap = IDENTITY,
+    quality: QualityParams | None = QualityParams(),
+    near_dedup: NearDupParams | None = NearDupParams(),
+    leakage: NearDupParams | None = NearDupParams(),
+    workers: int = 1,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run the data pipeline on `inputs` and write `out_dir`; return the manifest dict.
 
-    `inputs`: JSONL files, .txt files, folders of .txt files (see `read_inputs`).
+    `inputs`: JSONL, CSV/TSV, Parquet, .txt files, folders of .txt (see `read_inputs`);
+    `fields` maps other schemas' field names. `quality=None` skips the quality filters,
+    `near_dedup=None` the MinHash step, `leakage=None` the cross-split check.
+    `workers` > 1 computes signatures in a process pool; ``engine="ray"`` runs near
+    dedup on Ray Data (`ray_address`: "auto", "local" or a cluster address).
     Arguments are validated before any input is read (ValueError / FileNotFoundError).
     Empty splits are allowed but listed under ``manifest["warnings"]``.
     """
     if not inputs:
         raise ValueError("prepare: no inputs given")
+    if engine not in ("local", "ray"):
+        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     out_dir = Path(out_dir)
     rejects = Rejects()
-    steps: list[Step] = [Normalize(), LengthFilter(min_chars, max_chars), ExactDedup()]
-    splitter = Splitter(
-        split_by, val_fraction=val_fraction, test_fraction=test_fraction,
-        val_from=val_from, test_from=test_from, rejects=rejects,
-    )
+    steps: list[Any] = [Normalize(), LengthFilter(min_chars, max_chars), *(quality.steps() if quality else []),
+                        ExactDedup()]
+    if near_dedup is not None:
+        if engine == "ray":
+            from tinystack.data.ray_engine import RayNearDedup
+
+            steps.append(RayNearDedup(near_dedup, exact=False, address=ray_address))
+        else:
+            steps.append(NearDedup(near_dedup, exact=False, workers=workers))
+    splitter = StreamSplitter(split_by, val_fraction=val_fraction, test_fraction=test_fraction,
+                              val_from=val_from, test_from=test_from, rejects=rejects)
     files = input_files(inputs)  # raises on a missing/unsupported input before work starts
     input_info = [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in files]
 
     read_stats = StepStats("read")
-    stream: Iterable[Record] = _read_step(read_inputs(inputs, rejects, text_mode=text_mode), rejects, read_stats)
+    stream: Iterable[Record] = _read_step(read_inputs(inputs, rejects, text_mode=text_mode, fields=fields),
+                                          rejects, read_stats)
+    stream = track(stream, "read", progress)
     for step in steps:
         stream = step(stream)
-    splits = splitter(_with_progress(stream, progress))
-    chain = [read_stats, *(s.stats for s in steps), splitter.stats]
+    spools = {k: Spool() for k in SPLITS}
+    try:
+        for name, r in splitter.route(track(stream, "kept", progress)):
+            spools[name].append(r)
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / MANIFEST).unlink(missing_ok=True)  # uncommitted until the new one is written
+        leak = StepStats("leakage", extra={"leaked": {"val": 0, "test": 0},
+                                           "threshold": leakage.threshold if leakage else None})
+        index = NearDupIndex(leakage) if leakage is not None else None
+        info: dict[str, dict[str, Any]] = {k: {} for k in SPLITS}
+        files_out: dict[str, dict[str, Any]] = {}
+        n_train = 0
+        for k in SPLITS:
+            path = out_dir / f"{k}.jsonl"
+            recs: Iterable[Record] = iter(spools[k])
+            if k == "train":  # never filtered for leakage: only val/test are
+                leak.n_in += len(spools[k])
+                leak.kept += len(spools[k])
+            else:
+                recs = _without_leaks(recs, index if index is not None and len(index) else None, n_train, leak, k)
+            write_jsonl(path, _split_info(recs, info[k]))
+            files_out[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            if index is not None and k != "test":
+                index.add_jsonl(path)
+                if k == "train":
+                    n_train = len(index)
+    finally:
+        for s in spools.values():
+            s.close()
+    chain = [read_stats, *(s.stats for s in steps), splitter.stats, leak]
     _check_accounting(chain)
-    split_sources = {k: sorted({r.source for r in splits[k]}) for k in SPLITS}
+    split_sources = {k: info[k].pop("_sources") for k in SPLITS}
     if split_by == "source":  # the defining property of a source split; cheap to assert
         seen: Counter[str] = Counter(s for k in SPLITS for s in split_sources[k])
         if any(n > 1 for n in seen.values()):
             raise AssertionError("a source was assigned to more than one split")
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST).unlink(missing_ok=True)  # uncommitted until the new one is written
-    files_out: dict[str, dict[str, Any]] = {}
-    for k in SPLITS:
-        path = out_dir / f"{k}.jsonl"
-        write_jsonl(path, splits[k])
-        files_out[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
     rejected_path = out_dir / "rejected.jsonl"
     if len(rejects):
         rejects.write(rejected_path)
     else:
         rejected_path.unlink(missing_ok=True)  # a stale file from an earlier run would mislead
 
-    dedup = steps[2].stats
-    warnings = [f"{k} split is empty" for k in SPLITS if not splits[k]]
+    dedup_in = steps[len(steps) - (2 if near_dedup is not None else 1)].stats.n_in
+    dedup_dropped = sum(s.stats.dropped_total for s in steps if s.stats.name in ("exact_dedup", "near_dedup"))
     manifest: dict[str, Any] = {
         "format": FORMAT,
-        "hash": combine_hashes({name: info["sha256"] for name, info in files_out.items()}),
-        "splits": {
-            k: {
-                "records": len(splits[k]),
-                "sources": len(split_sources[k]),
-                "chars": sum(len(r.text) for r in splits[k]),
-                "file": f"{k}.jsonl",
-            }
-            for k in SPLITS
-        },
+        "hash": combine_hashes({name: f["sha256"] for name, f in files_out.items()}),
+        "splits": {k: {**info[k], "file": f"{k}.jsonl"} for k in SPLITS},
         "files": files_out,
         "steps": [s.to_dict() for s in chain],
-        "dedup_rate": round(dedup.dropped_total / dedup.n_in, 6) if dedup.n_in else 0.0,
-        "rejects": {
-            "total": rejects.total,
-            "by_reason": dict(sorted(rejects.counts.items())),
-            "file": rejected_path.name if len(rejects) else None,
-        },
+        "dedup_rate": round(dedup_dropped / dedup_in, 6) if dedup_in else 0.0,
+        "leakage": leak.dropped_total,
+        "rejects": {"total": rejects.total, "by_reason": dict(sorted(rejects.counts.items())),
+                    "file": rejected_path.name if len(rejects) else None},
         "inputs": input_info,
         "params": {
             "min_chars": min_chars, "max_chars": max_chars, "split_by": split_by,
             "val_fraction": val_fraction, "test_fraction": test_fraction,
             "val_from": val_from, "test_from": test_from, "text_mode": text_mode,
+            "fields": vars(fields).copy() if fields != IDENTITY else None,
+            "quality": _params(quality), "near_dedup": _params(near_dedup), "leakage": _params(leakage),
+            "workers": workers, "engine": engine,
         },
         "records_in": read_stats.n_in,
-        "records_out": sum(len(v) for v in splits.values()),
-        "warnings": warnings,
+        "records_out": sum(info[k]["records"] for k in SPLITS),
+        "warnings": [f"{k} split is empty" for k in SPLITS if not info[k]["records"]],
     }
     write_json(out_dir / MANIFEST, manifest)
     return manifest
+
+
+def _params(p: Any) -> dict[str, Any] | None:
+    import dataclasses
+
+    return None if p is None else {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(p).items()}

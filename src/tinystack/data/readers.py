@@ -11,9 +11,11 @@ on: one bad line never kills a file, and nothing is dropped without a trace.
   sorted, so the order is deterministic). ``mode="blocks"``: one document per
   blank-line-separated block; ``mode="file"``: one document per file. ``source`` is the
   path relative to the folder (the file name for a single file), ``label`` is None.
-* `read_inputs(paths, rejects)`: dispatch on each path: folder -> text folder,
-  ``.jsonl``/``.ndjson`` -> JSONL, ``.txt`` -> text; anything else is an error raised
-  before any record is read (fail fast, not halfway through a run).
+* `read_inputs(paths, rejects, fields=...)`: dispatch on each path: folder -> text
+  folder, ``.jsonl``/``.ndjson`` -> JSONL, ``.txt`` -> text, ``.csv``/``.tsv`` and
+  ``.parquet`` -> `formats.read_csv` / `read_parquet`; anything else is an error
+  raised before any record is read (fail fast, not halfway through a run).
+  `fields` (a `formats.FieldMap`) renames input fields to the record keys.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
+from tinystack.data.formats import CSV_SUFFIXES, IDENTITY, PARQUET_SUFFIXES, FieldMap, read_csv, read_parquet
 from tinystack.data.records import Record, RecordError
 from tinystack.data.rejects import Rejects
 
@@ -34,13 +37,14 @@ def _decode(raw: bytes, first: bool) -> str:
     return raw.decode("utf-8-sig" if first else "utf-8")
 
 
-def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None = None) -> Iterator[Record]:
+def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None = None,
+               fields: FieldMap | None = None) -> Iterator[Record]:
     """Yield the valid records of a JSONL file; send every bad line to `rejects`.
 
     Reject reasons: invalid_utf8, invalid_json, invalid_unicode (a lone surrogate
     escape such as ``"\\ud800"``, which cannot be written back as UTF-8), and the
     `RecordError` reasons (not_object, missing_text, text_not_string, empty_text,
-    bad_source, bad_timestamp, bad_id).
+    bad_source, bad_timestamp, bad_id). `fields` renames input keys first.
     """
     path = Path(path)
     fallback = default_source or path.name
@@ -65,6 +69,8 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
                 except UnicodeEncodeError as e:
                     rejects.add(path, lineno, "invalid_unicode", line, str(e))
                     continue
+            if fields is not None:
+                obj = fields.apply(obj)
             try:
                 yield Record.from_dict(obj, default_source=fallback, origin=(str(path), lineno))
             except RecordError as e:
@@ -145,18 +151,25 @@ def input_files(paths: Sequence[str | Path]) -> list[Path]:
             if not files:
                 raise ValueError(f"input folder {p} contains no .txt files")
             out.extend(files)
-        elif p.suffix in JSONL_SUFFIXES or p.suffix in TEXT_SUFFIXES:
+        elif p.suffix in JSONL_SUFFIXES + TEXT_SUFFIXES + CSV_SUFFIXES + PARQUET_SUFFIXES:
             out.append(p)
         else:
-            raise ValueError(f"input {p}: unsupported type (expected .jsonl, .ndjson, .txt or a folder of .txt)")
+            raise ValueError(f"input {p}: unsupported type (expected .jsonl, .ndjson, .txt, .csv, .tsv, "
+                             ".parquet or a folder of .txt)")
     return out
 
 
-def read_inputs(paths: Sequence[str | Path], rejects: Rejects, *, text_mode: TextMode = "blocks") -> Iterator[Record]:
-    """Read every input in order and yield its records. Paths are validated up front."""
+def read_inputs(paths: Sequence[str | Path], rejects: Rejects, *, text_mode: TextMode = "blocks",
+                fields: FieldMap = IDENTITY) -> Iterator[Record]:
+    """Read every input in order and yield its records. Paths are validated up front.
+    `fields` renames input fields (JSONL, CSV, Parquet) to the record keys."""
     input_files(paths)  # raises before anything is read
     for p in map(Path, paths):
         if p.is_dir() or p.suffix in TEXT_SUFFIXES:
             yield from read_text(p, rejects, mode=text_mode)
+        elif p.suffix in CSV_SUFFIXES:
+            yield from read_csv(p, rejects, fields=fields)
+        elif p.suffix in PARQUET_SUFFIXES:
+            yield from read_parquet(p, rejects, fields=fields)
         else:
-            yield from read_jsonl(p, rejects)
+            yield from read_jsonl(p, rejects, fields=fields)

@@ -36,8 +36,11 @@ from collections import Counter
 from datetime import datetime
 from typing import Iterable
 
+from typing import Iterator
+
 from tinystack.data.records import Record, dumps, parse_timestamp
 from tinystack.data.rejects import Rejects
+from tinystack.data.spool import Spool
 from tinystack.data.steps import StepStats
 
 SPLITS = ("train", "val", "test")
@@ -169,3 +172,46 @@ class Splitter:
                 self.stats.dropped["missing_timestamp"] = missing
         self.stats.kept = sum(len(v) for v in splits.values())
         return splits
+
+
+class StreamSplitter(Splitter):
+    """`Splitter` for streams too big for memory: yields (split name, record) pairs.
+
+    By time, each record is routed as it arrives. By source, the stream is first
+    written to an on-disk `Spool` while sources are counted (the budgets need the
+    totals), then read back and routed; memory holds only the per-source counts.
+    Same assignment, same order within each split, same stats as `Splitter`.
+    """
+
+    def route(self, records: Iterable[Record]) -> Iterator[tuple[str, Record]]:
+        if self.split_by == "time":
+            yield from self._route_time(records)
+            return
+        spool, counts = Spool(), Counter()
+        try:
+            for r in records:
+                spool.append(r)
+                counts[r.source] += 1
+            self.stats.n_in = len(spool)
+            assign = assign_sources(counts, self.val_fraction, self.test_fraction)
+            for r in spool:
+                self.stats.kept += 1
+                yield assign[r.source], r
+        finally:
+            spool.close()
+
+    def _route_time(self, records: Iterable[Record]) -> Iterator[tuple[str, Record]]:
+        v, t = time_cutoffs(self.val_from, self.test_from)
+        for r in records:
+            self.stats.n_in += 1
+            when = r.when()
+            if when is None:
+                self.stats.dropped["missing_timestamp"] += 1
+                if self.rejects is not None:
+                    file, line = r.origin or ("<unknown>", 0)
+                    self.rejects.add(file, line, "missing_timestamp", dumps(r), "split_by='time' needs a timestamp")
+                continue
+            self.stats.kept += 1
+            yield ("train" if when < v else "val" if when < t else "test"), r
+        if self.stats.n_in and not self.stats.kept:
+            raise ValueError("split_by='time' but no record has a 'timestamp'; use split_by='source'")

@@ -23,6 +23,9 @@ from typing import Any, Iterable, Iterator
 
 from tinystack.data.records import Record
 
+MAX_EXAMPLES = 3
+EXAMPLE_CHARS = 200
+
 
 @dataclass
 class StepStats:
@@ -33,6 +36,13 @@ class StepStats:
     kept: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     extra: dict[str, Any] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # a few dropped records, for the manifest
+
+    def add_example(self, record: Record, reason: str) -> None:
+        """Keep the first `MAX_EXAMPLES` drops (text cut to `EXAMPLE_CHARS`) to show in the manifest."""
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append({"reason": reason, "source": record.source, "id": record.id,
+                                  "text": record.text[:EXAMPLE_CHARS]})
 
     @property
     def dropped_total(self) -> int:
@@ -55,6 +65,8 @@ class StepStats:
         }
         if self.extra:
             d["extra"] = self.extra
+        if self.examples:
+            d["examples"] = self.examples
         return d
 
 
@@ -76,6 +88,7 @@ class Step:
             out = self.process(r)
             if isinstance(out, str):
                 self.stats.dropped[out] += 1
+                self.stats.add_example(r, out)
             else:
                 self.stats.kept += 1
                 yield out

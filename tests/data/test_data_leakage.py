@@ -1,0 +1,89 @@
+"""Leakage-free splits: sources never straddle splits, no near duplicate crosses splits."""
+from __future__ import annotations
+
+import json
+import random
+
+from data_helpers import distinct_text, read_jsonl_dicts, write_lines
+from tinystack.data.neardup import NearDupIndex, NearDupParams
+from tinystack.data.pipeline import prepare
+from tinystack.data.records import Record
+from tinystack.data.shingles import exact_jaccard, shingle_set
+from tinystack.data.split import SPLITS, Splitter, StreamSplitter
+
+
+def _edit(text: str, rng: random.Random, n: int = 3) -> str:
+    c = list(text)
+    for _ in range(n):
+        c[rng.randrange(len(c))] = "#"
+    return "".join(c)
+
+
+def _corpus(tmp_path, n_sources=30, per_source=6, copies=25):
+    """Distinct documents, plus near copies planted in *other* sources (cross-source leaks)."""
+    rng = random.Random(5)
+    rows = [{"text": distinct_text(1000 * s + i, 40), "source": f"site{s}"}
+            for s in range(n_sources) for i in range(per_source)]
+    for k in range(copies):
+        src = rows[rng.randrange(len(rows))]
+        rows.append({"text": _edit(src["text"], rng), "source": f"mirror{k}"})
+    return write_lines(tmp_path / "in.jsonl", [json.dumps(r) for r in rows]), rows
+
+
+def _cross_split_pairs(out):
+    split_rows = {k: read_jsonl_dicts(out / f"{k}.jsonl") for k in SPLITS}
+    sets = {k: [shingle_set(r["text"]) for r in v] for k, v in split_rows.items()}
+    found = 0
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        found += sum(exact_jaccard(x, y) >= 0.85 for x in sets[a] for y in sets[b])
+    return split_rows, found
+
+
+def test_leakage_is_removed_from_val_and_test_when_dedup_is_off(tmp_path):
+    path, _ = _corpus(tmp_path)
+    out = tmp_path / "out"
+    m = prepare([path], out, near_dedup=None, val_fraction=0.2, test_fraction=0.2)
+    split_rows, cross = _cross_split_pairs(out)
+    assert cross == 0
+    leak = next(s for s in m["steps"] if s["name"] == "leakage")
+    assert leak["dropped_total"] == m["leakage"] > 0  # the planted mirrors that landed in val/test
+    assert leak["extra"]["leaked"]["val"] + leak["extra"]["leaked"]["test"] == m["leakage"]
+    sources = {k: {r["source"] for r in v} for k, v in split_rows.items()}
+    assert not (sources["train"] & sources["val"] or sources["train"] & sources["test"] or sources["val"] & sources["test"])
+    # without the check the same run leaks: the test above is not vacuous
+    m2 = prepare([path], tmp_path / "leaky", near_dedup=None, leakage=None, val_fraction=0.2, test_fraction=0.2)
+    assert _cross_split_pairs(tmp_path / "leaky")[1] > 0 and m2["leakage"] == 0
+
+
+def test_default_pipeline_has_no_cross_split_near_duplicates(tmp_path):
+    path, rows = _corpus(tmp_path)
+    out = tmp_path / "out"
+    m = prepare([path], out, val_fraction=0.2, test_fraction=0.2)
+    assert _cross_split_pairs(out)[1] == 0
+    near = next(s for s in m["steps"] if s["name"] == "near_dedup")
+    assert near["dropped"].get("near_duplicate", 0) >= 20  # the planted copies went at dedup time
+    for k in SPLITS:
+        assert all(isinstance(r["cluster_id"], int) for r in read_jsonl_dicts(out / f"{k}.jsonl"))
+
+
+def test_stream_splitter_matches_in_memory_splitter():
+    recs = [Record(f"text {i}", source=f"s{i % 9}", timestamp=f"2024-0{1 + i % 6}-01") for i in range(60)]
+    for kwargs in (dict(split_by="source", val_fraction=0.2, test_fraction=0.2),
+                   dict(split_by="time", val_from="2024-03-01", test_from="2024-05-01")):
+        mem = Splitter(**kwargs)(recs)
+        stream = StreamSplitter(**kwargs)
+        routed = {k: [] for k in SPLITS}
+        for name, r in stream.route(recs):
+            routed[name].append(r)
+        assert routed == mem
+
+
+def test_index_from_jsonl_answers_eval_queries(tmp_path):
+    texts = [distinct_text(i, 60) for i in range(50)]
+    path = write_lines(tmp_path / "train.jsonl", [json.dumps({"text": t}) for t in texts])
+    idx = NearDupIndex.from_jsonl(path, NearDupParams(threshold=0.8))
+    rng = random.Random(0)
+    queries = [_edit(texts[7], rng, 2), distinct_text(999, 60), texts[30]]
+    assert idx.contains(queries) == [True, False, True]
+    m = idx.query(queries)
+    assert m[0].index == 7 and 0.8 <= m[0].jaccard < 1 and m[2].jaccard == 1.0
