@@ -16,9 +16,13 @@ How data flows (one training step):
 A `Module` keeps `params` and `grads` dicts (same keys) and child modules as attributes;
 `named_parameters()` joins them into dotted names (`h.0.ln_1.weight`) chosen to equal
 the PyTorch GPT's (`tinystack.model.gpt`), so weights move between the two backends by
-name. Files: module.py (Module, ModuleList, Sequential), layers.py, loss.py, mlp.py,
-optim.py, schedule.py (the project's single LR schedule), gradcheck.py.
+name. Files: module.py (Module, ModuleList, Sequential), layers.py, attention.py (causal
+multi-head self-attention), loss.py, mlp.py, optim.py, schedule.py (the project's single LR
+schedule), gradcheck.py; datasets.py (sklearn digits, MNIST IDX) and classify.py (MLP training);
+gpt.py (the NumPy GPT) and gpt_io.py (to/from the PyTorch GPT and the model directory) import
+torch for the shared GPTConfig, so they are imported from their modules, not from here.
 """
+from tinystack.nn.attention import CausalSelfAttention
 from tinystack.nn.gradcheck import numerical_grad, rel_error
 from tinystack.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear, ReLU
 from tinystack.nn.loss import softmax_cross_entropy
@@ -37,6 +41,7 @@ __all__ = [
     "LayerNorm",
     "Embedding",
     "Dropout",
+    "CausalSelfAttention",
     "softmax_cross_entropy",
     "MLP",
     "Optimizer",

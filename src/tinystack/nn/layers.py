@@ -82,13 +82,13 @@ class GELU(Module):
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         self._x = x
-        self._t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3))
+        self._t = np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * (x * x * x)))  # x*x*x: np.power(x, 3) is ~20x slower
         return 0.5 * x * (1.0 + self._t)
 
     def backward(self, dout: np.ndarray) -> np.ndarray:
         x, t = self._x, self._t
         # product rule: dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-        du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x**2)
+        du = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * (x * x))
         return dout * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du)
 
 

@@ -62,3 +62,43 @@ def token_byte_lengths(tokenizer: Any) -> np.ndarray:
         if i not in specials:
             lengths[i] = len(tokenizer.token_bytes(i))
     return lengths
+
+
+def read_jsonl_texts(jsonl: str | Path, max_chars: int = 0) -> list[str]:
+    """The "text" of every record in file order; with max_chars > 0, stop once that many characters are read."""
+    texts, total = [], 0
+    with open(jsonl, encoding="utf-8") as f:
+        for line in f:
+            texts.append(json.loads(line)["text"])
+            total += len(texts[-1])
+            if max_chars and total >= max_chars:
+                break
+    return texts
+
+
+def write_token_file(ids: np.ndarray, tokenizer: Any, out: str | Path, *, n_bytes: int, docs: int,
+                     source: str) -> dict[str, Any]:
+    """Write already-encoded ids as a token file (+ its .json sidecar), like `encode_jsonl_to_bin` does."""
+    out = Path(out)
+    dtype = token_dtype(tokenizer.vocab_size)
+    with atomic_open(out, "wb") as dst:
+        dst.write(np.asarray(ids, dtype=dtype).tobytes())
+    meta = {"dtype": dtype.name, "docs": docs, "tokens": int(len(ids)), "bytes": n_bytes,
+            "tokenizer": tokenizer.fingerprint(), "source": source}
+    write_json(out.with_suffix(".json"), meta)
+    return meta
+
+
+def split_by_position(text: str, tokenizer: Any, out_dir: str | Path, val_fraction: float) -> dict[str, dict[str, Any]]:
+    """Encode one continuous text and cut it by position: the first 1 - val_fraction of the tokens -> train.bin,
+    the rest -> val.bin; test.bin is written empty (a position split has no third part). nanoGPT's split."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    out_dir = Path(out_dir)
+    ids = np.asarray(tokenizer.encode_ordinary(text), dtype=np.int64)
+    cut = int(len(ids) * (1.0 - val_fraction))
+    nbytes = np.asarray([len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)], dtype=np.int64)
+    parts = {"train": ids[:cut], "val": ids[cut:], "test": ids[:0]}
+    return {name: write_token_file(part, tokenizer, out_dir / f"{name}.bin", n_bytes=int(nbytes[part].sum()),
+                                   docs=1 if len(part) else 0, source=f"position split {name} of {len(ids)} tokens")
+            for name, part in parts.items()}

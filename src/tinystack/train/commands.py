@@ -1,8 +1,13 @@
-"""`tinystack train`: train the PyTorch GPT on token files (wired into the CLI by tinystack.cli)."""
+"""`tinystack train`: train the GPT on token files (wired into the CLI by tinystack.cli).
+
+Also what `torchrun --nproc_per_node=N -m tinystack train ...` runs: every rank executes
+this command, joins the process group (train.distributed) and trains its share of each
+batch; rank 0 writes the log, checkpoints and model directory.
+"""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -11,11 +16,22 @@ from tinystack.cli_options import ConfigOpt, SetOpt, resolve_config
 
 def train(tokens: Annotated[Path, typer.Option(help="Tokenizer directory with train.bin/val.bin.")],
           out: Annotated[Path, typer.Option(help="Model directory to write.")], config: ConfigOpt = None,
-          set_: SetOpt = None) -> None:
-    """Train the PyTorch GPT on token files and write a model directory."""
+          set_: SetOpt = None,
+          resume: Annotated[bool, typer.Option("--resume", help="Continue bit-exactly from the last checkpoint.")] = False,
+          backend: Annotated[Optional[str], typer.Option(help="torch | numpy (overrides train.backend).")] = None,
+          ckpt_dir: Annotated[Optional[Path], typer.Option(help="Checkpoint directory (default <out>_checkpoints).")] = None,
+          ) -> None:
+    """Train the GPT on token files and write a model directory (+ checkpoints, JSONL log, PNG loss curve)."""
     from tinystack.pipeline import stage_train
-    from tinystack.tokenizer import BPETokenizer
+    from tinystack.tokenizer import load_tokenizer
+    from tinystack.train.distributed import shutdown_distributed
 
-    tok = BPETokenizer.load(tokens)
-    stage_train(resolve_config(config, set_), tokens, out, out.parent / f"{out.name}_train_log.jsonl",
-                {"tokenizer_hash": tok.fingerprint()})
+    cfg = resolve_config(config, set_)
+    if backend is not None:
+        cfg.train.backend = backend
+    tok = load_tokenizer(tokens)
+    try:
+        stage_train(cfg, tokens, out, out.parent / f"{out.name}_train_log.jsonl",
+                    {"tokenizer_hash": tok.fingerprint()}, resume=resume, ckpt_dir=ckpt_dir)
+    finally:
+        shutdown_distributed()

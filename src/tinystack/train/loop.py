@@ -1,15 +1,20 @@
-"""The PyTorch training loop: token file in, trained GPT out.
+"""The PyTorch training loop: token file in, trained GPT out; resumable, mixed precision, DDP-aware.
 
-    train.bin --random windows--> (x, y) [B, T] --GPT--> loss --backward--> clip --AdamW (lr from schedule)
-       every eval_interval steps: val loss on fixed windows; every step: one JSON line in the training log
+    each step:  lr = nn.schedule.lr_at(step)
+                global batch from BatchSampler -> this rank's slice -> grad_accum_steps micro-batches
+                    autocast forward -> loss / accum -> (scaled) backward   (DDP syncs on the last micro-batch)
+                non-finite loss or gradient -> NonFiniteLossError naming the step (nothing is written)
+                unscale -> clip by global norm -> AdamW step
+    every eval_interval steps: val loss on fixed batches;  every step: one JSON line in the training log
+    every ckpt_interval steps (and at the end): ckpt_dir/last.pt, and best.pt when val loss improved
 
-The learning-rate schedule is `tinystack.nn.schedule.lr_at`, the same function the
-NumPy backend uses. Weight decay applies to matrices only (not biases, LayerNorm
-gains or embeddings), the usual AdamW practice. A non-finite loss stops the run
-with the step number rather than writing a broken model.
+`resume=True` restores model, optimiser, scaler, step, RNG and data position from
+ckpt_dir/last.pt, so N steps + resume + M steps equals N + M steps bit for bit.
+Weight decay applies to matrices only (not biases, LayerNorm gains or embeddings).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -19,15 +24,21 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from tinystack.atomic import atomic_open
 from tinystack.config import TrainConfig
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.nn.schedule import lr_at
+from tinystack.train import precision
+from tinystack.train.batches import BatchSampler, eval_batches, get_batch
+from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
+from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; the message names the step."""
+    """The loss (or gradient norm) became NaN or infinite; the message names the step."""
 
 
 @dataclass
@@ -38,89 +49,148 @@ class TrainResult:
     best_val_loss: float | None
     tokens_per_s: float
     wall_s: float
+    resumed_from: int = 0  # the step training resumed at (0: a fresh run)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def get_batch(tokens: np.ndarray, batch_size: int, block_size: int, gen: torch.Generator,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows: x = tokens[i:i+T], y = tokens[i+1:i+T+1] (next-token targets)."""
-    if len(tokens) <= block_size:
-        raise ValueError(f"token file has {len(tokens)} tokens; need more than block_size={block_size}")
-    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=gen).tolist()
-    x = np.stack([tokens[i:i + block_size] for i in starts]).astype(np.int64)
-    y = np.stack([tokens[i + 1:i + 1 + block_size] for i in starts]).astype(np.int64)
-    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+__all__ = ["NonFiniteLossError", "TrainResult", "estimate_loss", "get_batch", "make_optimizer", "train"]
 
 
 def make_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with decoupled decay on 2-D Linear weights only (wte is tied to lm_head, listed once)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        # 2-D weights of Linear layers decay; biases, LayerNorm and embeddings (wte is tied to lm_head) do not
         (decay if p.dim() >= 2 and "wte" not in name and "wpe" not in name else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
 
 
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in the logits' precision, at least float32 (bf16/fp16 are upcast)."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
 @torch.no_grad()
 def estimate_loss(model: GPT, tokens: np.ndarray, cfg: TrainConfig, device: torch.device) -> float:
-    """Mean loss over `eval_iters` batches drawn with a fixed seed, so estimates are comparable."""
+    """Mean loss over `eval_iters` fixed batches (`batches.eval_batches`), so estimates are comparable."""
     was_training = model.training
     model.eval()
-    gen = torch.Generator().manual_seed(0)
-    losses = [model(*get_batch(tokens, cfg.batch_size, model.config.block_size, gen, device))[1].item()
-              for _ in range(cfg.eval_iters)]
+    losses = []
+    dev = torch.device(device)
+    for x, y in eval_batches(tokens, cfg.batch_size, model.config.block_size, cfg.eval_iters):
+        with precision.autocast(cfg.dtype, dev.type):
+            logits, _ = model(torch.from_numpy(x).to(dev))
+        losses.append(lm_loss(logits, torch.from_numpy(y).to(dev)).item())
     model.train(was_training)
     return float(np.mean(losses))
 
 
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _restore(ckpt: dict[str, Any], model: GPT, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+             sampler: BatchSampler, device: torch.device) -> None:
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    scaler.load_state_dict(ckpt["scaler"])
+    sampler.load_state_dict(ckpt["data"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    if "cuda" in ckpt["rng"] and device.type == "cuda":
+        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+
+
+def _open_log(log_path: str | Path | None, start_step: int) -> Any:
+    """A fresh log, or on resume the old one cut back to the steps before `start_step` (then appended to)."""
+    if not log_path:
+        return None
+    path = Path(log_path)
+    kept = []
+    if start_step and path.is_file():
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line)["step"] < start_step]
+    with atomic_open(path) as f:
+        f.write("".join(line + "\n" for line in kept))
+    return open(path, "a", encoding="utf-8")
+
+
 def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray | None, cfg: TrainConfig,
-          *, device: str = "cpu", log_path: str | Path | None = None, progress: bool = True) -> tuple[GPT, TrainResult]:
-    """Train a fresh GPT for `cfg.max_iters` steps; return it (in eval mode) and a summary."""
+          *, device: str = "cpu", log_path: str | Path | None = None, progress: bool = True,
+          ckpt_dir: str | Path | None = None, resume: bool = False) -> tuple[GPT, TrainResult]:
+    """Train a GPT for `cfg.max_iters` steps (from ckpt_dir/last.pt if `resume`); return it in eval mode
+    and a summary. Under torchrun every rank returns the same model; only rank 0 writes files."""
+    info, device = init_distributed(device)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
     dev = torch.device(device)
+    precision.check_dtype(cfg.dtype, dev.type)
     torch.manual_seed(cfg.seed)
     model = GPT(model_cfg).to(dev)
+    if cfg.dtype == "float64":
+        model = model.double()
     model.train()
     opt = make_optimizer(model, cfg)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    log = open(log_path, "w", encoding="utf-8") if log_path else None
-    T, B = model_cfg.block_size, cfg.batch_size
-    val_loss = best_val = None
+    scaler = precision.grad_scaler(cfg.dtype, dev.type)
+    sampler = BatchSampler(train_tokens, model_cfg.block_size, cfg.seed)
+    ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
+    start, best_val, val_loss = 0, None, None
+    if resume:
+        if ckpt_dir is None or not (ckpt_dir / LAST).is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint {ckpt_dir and ckpt_dir / LAST}")
+        ckpt = load_checkpoint(ckpt_dir / LAST)
+        _restore(ckpt, model, opt, scaler, sampler, dev)
+        start, best_val, val_loss = ckpt["step"], ckpt["best_val_loss"], ckpt["val_loss"]
+    fwd: torch.nn.Module = torch.compile(model) if cfg.compile else model
+    if info.enabled:
+        fwd = torch.nn.parallel.DistributedDataParallel(fwd, device_ids=[dev.index] if dev.type == "cuda" else None)
+    log = _open_log(log_path, start) if info.is_main else None
+    B, T, A = cfg.batch_size, model_cfg.block_size, cfg.grad_accum_steps
+    tokens_per_step = B * A * info.world_size * T
     loss_value = float("nan")
     t_start = time.perf_counter()
     bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeRemainingColumn(), disable=not progress, transient=False)
+                   TimeRemainingColumn(), disable=not (progress and info.is_main), transient=False)
     try:
         with bar:
-            task = bar.add_task("train", total=cfg.max_iters, info="")
-            for step in range(cfg.max_iters):
+            task = bar.add_task("train", total=cfg.max_iters, completed=start, info="")
+            for step in range(start, cfg.max_iters):
                 lr = lr_at(step, max_lr=cfg.learning_rate, min_lr=cfg.min_lr,
                            warmup_iters=cfg.warmup_iters, max_iters=cfg.max_iters)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                x, y = get_batch(train_tokens, B, T, gen, dev)
-                _, loss = model(x, y)
-                loss_value = loss.item()
-                if not math.isfinite(loss_value):
-                    raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping (no model written)")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
-                opt.step()
-                record: dict[str, Any] = {"step": step, "loss": round(loss_value, 5), "lr": lr,
-                                          "grad_norm": round(grad_norm, 4)}
+                loss_value, grad_norm = _step(fwd, opt, scaler, sampler, cfg, info, dev, step)
+                record: dict[str, Any] = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": round(grad_norm, 4)}
                 last = step == cfg.max_iters - 1
+                improved = False
                 if val_tokens is not None and ((step + 1) % cfg.eval_interval == 0 or last):
                     val_loss = estimate_loss(model, val_tokens, cfg, dev)
-                    best_val = val_loss if best_val is None else min(best_val, val_loss)
-                    record["val_loss"] = round(val_loss, 5)
+                    improved = best_val is None or val_loss < best_val
+                    best_val = val_loss if improved else best_val
+                    record["val_loss"] = val_loss
                 elapsed = time.perf_counter() - t_start
-                record["tokens_per_s"] = round((step + 1) * B * T / elapsed, 1)
-                if log:
+                record["tokens_per_s"] = round((step + 1 - start) * tokens_per_step / elapsed, 1)
+                if log:  # before the checkpoint: a resume keeps every line up to the checkpoint's step
                     log.write(json.dumps(record) + "\n")
+                    log.flush()
+                save_last = last or (cfg.ckpt_interval > 0 and (step + 1) % cfg.ckpt_interval == 0)
+                if ckpt_dir is not None and info.is_main and (save_last or improved):
+                    state = {"step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                             "scaler": scaler.state_dict(), "scheduler": {"step": step + 1, "last_lr": lr},
+                             "data": sampler.state_dict(), "rng": _rng_state(dev), "val_loss": val_loss,
+                             "best_val_loss": best_val, "model_config": model_cfg.to_dict(), "train_config": asdict(cfg)}
+                    if save_last:
+                        save_checkpoint(ckpt_dir / LAST, state)
+                    if improved:
+                        save_checkpoint(ckpt_dir / BEST, state)
                 val_txt = f" val {val_loss:.3f}" if val_loss is not None else ""
-                if "val_loss" in record and progress:  # a plain line too, so logs and CI output show progress
+                if "val_loss" in record and progress and info.is_main:  # a plain line too, for logs and CI output
                     bar.console.print(f"step {step + 1}/{cfg.max_iters}: loss {loss_value:.3f}{val_txt}, "
                                       f"lr {lr:.2e}, {record['tokens_per_s']:,.0f} tokens/s")
                 bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {record['tokens_per_s']:,.0f} tok/s")
@@ -129,4 +199,39 @@ def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray
             log.close()
     wall = time.perf_counter() - t_start
     model.eval()
-    return model, TrainResult(cfg.max_iters, loss_value, val_loss, best_val, cfg.max_iters * B * T / wall, wall)
+    done = cfg.max_iters - start
+    return model, TrainResult(cfg.max_iters, loss_value, val_loss, best_val,
+                              done * tokens_per_step / wall if wall > 0 else 0.0, wall, start)
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, sampler: BatchSampler,
+          cfg: TrainConfig, info: DistInfo, dev: torch.device, step: int) -> tuple[float, float]:
+    """One optimiser step over this rank's share of the global batch -> (mean loss over all ranks, grad norm)."""
+    B, A = cfg.batch_size, cfg.grad_accum_steps
+    x_all, y_all = sampler.sample(B * A * info.world_size)
+    mine = slice(info.rank * B * A, (info.rank + 1) * B * A)
+    x_all, y_all = torch.from_numpy(x_all[mine]).to(dev), torch.from_numpy(y_all[mine]).to(dev)
+    total = 0.0
+    for micro in range(A):
+        x, y = x_all[micro * B:(micro + 1) * B], y_all[micro * B:(micro + 1) * B]
+        sync = micro == A - 1 or not info.enabled  # DDP all-reduces gradients only on the last micro-batch
+        ctx = contextlib.nullcontext() if sync else model.no_sync()  # type: ignore[operator]
+        with ctx:
+            with precision.autocast(cfg.dtype, dev.type):
+                logits, _ = model(x)
+            loss = lm_loss(logits, y)
+            scaler.scale(loss / A).backward()  # the mean over micro-batches = the big batch's mean
+        total += loss.item()
+    loss_value = mean_across_ranks(total / A, info, str(dev))
+    if not math.isfinite(loss_value):
+        opt.zero_grad(set_to_none=True)
+        raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping (the last checkpoint is kept)")
+    scaler.unscale_(opt)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+    if not math.isfinite(grad_norm) and not scaler.is_enabled():  # fp16: the scaler skips such steps itself
+        opt.zero_grad(set_to_none=True)
+        raise NonFiniteLossError(f"gradient norm became {grad_norm} at step {step}; stopping (the last checkpoint is kept)")
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return loss_value, grad_norm
