@@ -11,30 +11,37 @@ import typer
 
 def generate(model: Annotated[Path, typer.Option(help="Model directory.")],
              prompt: Annotated[str, typer.Option(help="Prompt text.")],
-             max_tokens: int = 64, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0,
-             seed: Optional[int] = None, device: str = "cpu") -> None:
+             max_tokens: int = 64, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+             seed: Optional[int] = None, device: str = "cpu",
+             stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,
+             repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+             ignore_eos: bool = False,
+             backend: Annotated[str, typer.Option(help="torch | numpy")] = "torch",
+             dtype: Annotated[str, typer.Option(help="float32 | bfloat16")] = "float32",
+             kv_cache: Annotated[str, typer.Option(help="paged | contiguous")] = "paged",
+             quantize: Annotated[Optional[str], typer.Option(help="int8: weight-only INT8 linear layers")] = None) -> None:
     """Generate a continuation, streaming it to the terminal."""
-    from tinystack.infer import Engine, SamplingParams
+    from tinystack.infer import LLMEngine, SamplingParams, load_for_inference
 
-    engine = Engine.from_dir(model, device=device)
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    m, tok = load_for_inference(model, backend, device, dtype, quantize)
+    engine = LLMEngine(m, tok, kv_cache=kv_cache, max_num_seqs=1, stream_text=True)  # budget -> stderr
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            seed=seed, stop=tuple(stop or ()), repetition_penalty=repetition_penalty,
+                            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                            ignore_eos=ignore_eos)
+    engine.add_request("cli", prompt, params)
     sys.stdout.write(prompt)
-    emitted: list[int] = []
-    shown = ""
-
-    def stream(token_id: int) -> None:  # decode the whole tail so multi-byte characters print whole
-        nonlocal shown
-        emitted.append(token_id)
-        text = engine.tokenizer.decode(emitted)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(shown):])
+    sys.stdout.flush()
+    out = None
+    while engine.has_unfinished():
+        for d in engine.step():
+            sys.stdout.write(d.text)  # whole characters only: the engine holds back partial UTF-8
             sys.stdout.flush()
-            shown = text
-
-    g = engine.generate(prompt, params, on_token=stream)
-    sys.stdout.write(g.text[len(shown):] + "\n")
-    typer.echo(f"[{len(g.token_ids)} tokens, finish_reason={g.finish_reason}, prefill {g.prefill_s * 1e3:.1f} ms, "
-               f"decode {g.decode_s * 1e3:.1f} ms]", err=True)
+            out = d.output or out
+    sys.stdout.write("\n")
+    m_ = out.metrics
+    typer.echo(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, "
+               f"time to first token {m_.ttft_s * 1e3:.1f} ms, decode {(m_.decode_s or 0) * 1e3:.1f} ms]", err=True)
 
 
 def bench(model: Annotated[Path, typer.Option(help="Model directory.")],

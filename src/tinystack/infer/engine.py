@@ -1,13 +1,16 @@
-"""The inference engine: prompt text -> KV-cached generation -> text.
+"""The single-request engine: prompt text -> KV-cached generation -> text (the server's contract).
 
     encode prompt -> prefill (one forward over the whole prompt, filling the cache)
                   -> decode loop (one token per forward, reading the cache)
                   -> stop at EOS, max_tokens, the context limit, or cancellation
 
-One request at a time per call, batch 1; the server runs several calls on worker
-threads (torch releases the GIL in its kernels). Continuous batching and a paged
-cache replace this loop in the inference-engine issue without changing the
-`generate` contract.
+One request at a time per call, batch 1, with its own contiguous cache; the server
+runs several calls on worker threads (torch releases the GIL in its kernels). Batched
+serving (paged cache, continuous batching) is `LLMEngine` / `AsyncEngine`; this class
+stays as the simple blocking contract `tinystack.serve` uses today:
+`generate(prompt, params, cancel=Event, on_token=fn) -> Generation`, `encode_prompt`,
+`max_seq_len`, PromptTooLongError. Sampling is the engine's (`sample_batch`: every
+SamplingParams knob but stop strings, which LLMEngine handles).
 """
 from __future__ import annotations
 
@@ -20,14 +23,11 @@ from typing import Callable
 import torch
 
 from tinystack.infer.kv_cache import KVCache
-from tinystack.infer.sampler import SamplingParams, sample_next
-from tinystack.model.gpt import GPT
+from tinystack.infer.llm_engine import PromptTooLongError
+from tinystack.infer.sampler import SampleRow, SamplingParams, sample_batch
 from tinystack.model.io import load_model
-from tinystack.tokenizer import BPETokenizer
 
-
-class PromptTooLongError(ValueError):
-    """The prompt leaves no room for a single new token within the model's context."""
+__all__ = ["Engine", "Generation", "PromptTooLongError"]
 
 
 @dataclass
@@ -42,15 +42,18 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, model: GPT, tokenizer: BPETokenizer, device: str | torch.device = "cpu"):
+    def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu"):
+        """`tokenizer`: anything with encode_ordinary / decode / eos_token_id (BPETokenizer, infer.tokenizer)."""
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
-        self.max_seq_len = model.config.block_size
+        self.max_seq_len = model.config.max_seq_len
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, device: str = "cpu") -> "Engine":
-        return cls(load_model(model_dir, device=device), BPETokenizer.load(model_dir), device)
+        from tinystack.infer.tokenizer import load_tokenizer
+
+        return cls(load_model(model_dir, device=device), load_tokenizer(model_dir), device)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Prompt text -> ids; special-token text in a prompt is treated as plain text."""
@@ -82,8 +85,8 @@ class Engine:
             if cancel is not None and cancel.is_set():
                 finish = "cancelled"
                 break
-            nxt = int(sample_next(logits[:, -1, :], params, gen)[0])
-            if nxt == self.tokenizer.eos_token_id:
+            nxt = sample_batch(logits[:, -1, :], [SampleRow(params, gen, ids, out)])[0][0]
+            if (nxt == self.tokenizer.eos_token_id and not params.ignore_eos) or nxt in params.stop_token_ids:
                 finish = "stop"
                 break
             out.append(nxt)

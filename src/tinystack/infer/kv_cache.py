@@ -5,15 +5,15 @@ for every layer (O(T^2) work per sequence). With it, each step computes q, k, v
 for the one new token only and attends over the stored keys/values.
 
 Layout: one preallocated tensor each for K and V of shape
-    [n_layer, batch, n_head, max_len, head_dim]
+    [n_layer, batch, n_kv_head, max_len, head_dim]
 so an update is a slice assignment (no reallocation, no concatenation) and the
 memory the cache will ever use is known up front: `nbytes`.
 """
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from tinystack.model.gpt import GPTConfig
+import torch
 
 
 class CacheFullError(RuntimeError):
@@ -30,9 +30,10 @@ class KVCache:
         self.length = 0  # positions filled so far (the same for every sequence in the batch)
 
     @classmethod
-    def for_model(cls, cfg: GPTConfig, batch: int = 1, max_len: int | None = None,
+    def for_model(cls, cfg: Any, batch: int = 1, max_len: int | None = None,
                   dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "KVCache":
-        return cls(cfg.n_layer, batch, cfg.n_head, max_len or cfg.block_size, cfg.n_embd // cfg.n_head, dtype, device)
+        """cfg: a GPTConfig or LlamaConfig (n_layer, n_kv_head, head_dim, max_seq_len)."""
+        return cls(cfg.n_layer, batch, cfg.n_kv_head, max_len or cfg.max_seq_len, cfg.head_dim, dtype, device)
 
     @property
     def nbytes(self) -> int:

@@ -1,14 +1,21 @@
-"""Turning next-token logits into a token: greedy, temperature, top-k and top-p (nucleus).
+"""Turning next-token logits into a token, per request: penalties, greedy or sampled.
 
-Order of operations (the same as Hugging Face's and vLLM's): temperature scales
-the logits, top-k keeps the k largest, top-p keeps the smallest set of tokens
-whose probability mass reaches p (always at least the most likely token), then
-one token is drawn from the renormalised distribution with a seeded generator.
-temperature == 0 means greedy (argmax) and ignores the other knobs.
+Order of operations (the same as Hugging Face's and vLLM's):
+    penalties: repetition (prompt + output tokens: positive logits / p, negative * p),
+               presence and frequency (output tokens: - presence - frequency * count)
+    temperature == 0: greedy (argmax of the penalised logits), the other knobs are ignored
+    else: / temperature -> top-k -> top-p (smallest set reaching mass p, at least the top
+          token) -> min-p (drop tokens below min_p * the top probability) -> one draw from
+          the renormalised distribution with the request's own seeded generator.
+`Sampler.sample` does this for a batch whose rows have different params; each row
+draws only from its own generator, so a seed reproduces whatever else is in the batch.
+Logprobs, when asked for, are of the model's raw distribution (log-softmax of the
+unprocessed logits), as vLLM reports them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -22,8 +29,31 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
+    min_p: float = 0.0  # 0 = off
+    stop: tuple[str, ...] = ()  # stop strings: generation ends before the first one (not included in text)
+    stop_token_ids: tuple[int, ...] = ()  # like EOS: ends generation, not included in the output
+    repetition_penalty: float = 1.0  # 1 = off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False  # keep going past EOS (benchmarks), still stopping at max_tokens
+    logprobs: int | None = None  # None = off; n = the chosen token's logprob plus the n most likely
 
     def __post_init__(self) -> None:
+        # lists are accepted for convenience; stored as tuples so params stay hashable and frozen
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not -2.0 <= self.presence_penalty <= 2.0 or not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
@@ -52,6 +82,75 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= p
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the most likely token's. logits [B, V]."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
+                    output_ids: Sequence[int]) -> torch.Tensor:
+    """One row of logits [V] with the repetition / presence / frequency penalties applied (a new tensor)."""
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.long, device=logits.device)
+        if seen.numel():
+            vals = logits[seen]
+            logits = logits.clone()
+            logits[seen] = torch.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and output_ids:
+        counts = torch.bincount(torch.tensor(list(output_ids), device=logits.device), minlength=logits.numel())
+        counts = counts[: logits.numel()].to(logits.dtype)
+        logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def _has_penalties(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+
+
+@dataclass
+class SampleRow:
+    """What the sampler needs of one request: its params, generator and tokens so far."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+
+
+def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], list[dict | None]]:
+    """logits [B, V], one SampleRow per row -> (token ids, per row None or {"logprob", "top"}).
+
+    Rows that are greedy and unpenalised share one vectorised argmax; the rest are
+    processed one by one (each has its own filters and generator).
+    """
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1).tolist()
+    for i, r in enumerate(rows):
+        p = r.params
+        if p.temperature == 0 and not _has_penalties(p):
+            continue
+        row = apply_penalties(logits[i], p, r.prompt_ids, r.output_ids) if _has_penalties(p) else logits[i]
+        if p.temperature == 0:
+            tokens[i] = int(row.argmax())
+            continue
+        row = row[None] / p.temperature
+        row = min_p_filter(top_p_filter(top_k_filter(row, p.top_k), p.top_p), p.min_p)
+        tokens[i] = int(torch.multinomial(row.softmax(dim=-1), 1, generator=r.generator))
+    infos: list[dict | None] = [None] * len(rows)
+    want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    if want:
+        lp = logits[want].log_softmax(dim=-1)
+        for j, i in enumerate(want):
+            n = rows[i].params.logprobs
+            top = torch.topk(lp[j], n) if n else None
+            infos[i] = {"logprob": float(lp[j, tokens[i]]),
+                        "top": {int(t): float(v) for t, v in zip(top.indices, top.values)} if top is not None else {}}
+    return tokens, infos
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -1,12 +1,16 @@
 """The PyTorch model and the model directory format.
 
     GPTConfig -> GPT (gpt.py)            a GPT-2-architecture language model
+    LlamaConfig -> Llama (llama.py)      the Llama family (RMSNorm, RoPE, SwiGLU, GQA; Qwen2 QKV bias)
+    attention.py                         causal attention over an optional KV cache, shared by both
     GPT <-> model_dir/ (io.py)           config.json + model.safetensors + tokenizer.json + tinystack.json
+    HF Llama-family dir -> Llama (io.py) the same load_model, dispatched on model_type
 
 Training writes a model directory; evaluation, inference and serving read it.
 The format is Hugging Face's GPT-2 layout, so the same loader reads HF GPT-2 checkpoints.
 """
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.model.io import ModelFormatError, load_model, read_lineage, save_model
+from tinystack.model.llama import Llama, LlamaConfig
 
-__all__ = ["GPT", "GPTConfig", "ModelFormatError", "load_model", "read_lineage", "save_model"]
+__all__ = ["GPT", "GPTConfig", "Llama", "LlamaConfig", "ModelFormatError", "load_model", "read_lineage", "save_model"]

@@ -11,17 +11,21 @@ Face GPT-2 checkpoint and vice versa; module names follow GPT-2's
 Incremental decoding: `forward(idx, kv_cache=cache, start_pos=p)` treats `idx` as the
 tokens at positions p..p+T-1, appends their keys/values to the cache and attends
 over everything cached so far. The cache only needs `update(layer, k, v, start_pos)
--> (k_all, v_all)`; see `tinystack.infer.kv_cache`.
+-> (k_all, v_all)`; see `tinystack.infer.kv_cache` and `model.attention`. A batch of
+sequences at different positions passes `positions` [B, T] and a cache with an
+`attn_mask` (the inference engine's ragged batches).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from tinystack.model.attention import KVCacheLike, causal_attention
 
 
 @dataclass
@@ -41,9 +45,18 @@ class GPTConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    # the shape facts the inference engine needs, named the same for every model family
+    @property
+    def n_kv_head(self) -> int:
+        return self.n_head
 
-class KVCacheLike(Protocol):
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.block_size
 
 
 class CausalSelfAttention(nn.Module):
@@ -61,16 +74,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         # [B, T, C] -> [B, nh, T, hd]: heads become a batch dimension for the attention matmuls
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if kv_cache is not None:
-            k, v = kv_cache.update(self.layer_idx, k, v, start_pos)  # now [B, nh, start_pos + T, hd]
-        S = k.size(2)
-        if S == T:  # no history: the plain causal triangle
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        else:
-            # queries sit at positions S-T..S-1 and may see keys 0..their own position
-            q_pos = torch.arange(S - T, S, device=x.device)[:, None]
-            mask = torch.arange(S, device=x.device)[None, :] <= q_pos  # [T, S], True = attend
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = causal_attention(q, k, v, self.layer_idx, kv_cache, start_pos,
+                             dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -139,19 +144,29 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         kv_cache: KVCacheLike | None = None,
         start_pos: int = 0,
+        positions: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx [B, T] token ids at positions start_pos.. -> (logits [B, T, V], mean cross-entropy or None).
 
+        `positions` [B, T] overrides start_pos when rows sit at different positions.
+        `logit_index` [B] computes logits only at that position of each row -> [B, 1, V]
+        (a prefill needs the last token's logits only; the head is the biggest matmul).
         `targets` uses -1 for positions to ignore. Raises ValueError if the positions
         run past `block_size` (there is no position embedding for them).
         """
         B, T = idx.shape
-        if start_pos + T > self.config.block_size:
-            raise ValueError(f"sequence of {start_pos + T} tokens exceeds block_size={self.config.block_size}")
-        pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+        if positions is None:
+            if start_pos + T > self.config.block_size:
+                raise ValueError(f"sequence of {start_pos + T} tokens exceeds block_size={self.config.block_size}")
+            pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+        else:
+            pos = positions
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x, kv_cache, start_pos)
+        if logit_index is not None:
+            x = x[torch.arange(B, device=x.device), logit_index][:, None]
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:

@@ -8,7 +8,10 @@
 
 Because config and weights follow GPT-2's layout exactly, a directory written here
 loads in `transformers.GPT2LMHeadModel.from_pretrained`, and a Hugging Face GPT-2
-safetensors checkpoint loads here. Every file is written atomically.
+safetensors checkpoint loads here. Llama-family checkpoints (model_type "llama",
+"qwen2", "mistral" without sliding windows) load into `model.llama.Llama`; weights may
+be one `model.safetensors` or shards listed in `model.safetensors.index.json`.
+Every file is written atomically.
 """
 from __future__ import annotations
 
@@ -21,10 +24,14 @@ from safetensors.torch import save as safetensors_bytes
 
 from tinystack.atomic import atomic_open, read_json, write_json
 from tinystack.model.gpt import GPT, GPTConfig
+from tinystack.model.llama import Llama, LlamaConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 LINEAGE_FILE = "tinystack.json"
+INDEX_FILE = "model.safetensors.index.json"
+LLAMA_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_TYPES = ("gpt2",) + LLAMA_TYPES
 
 # GPT-2 stores these as Conv1D, i.e. the transpose of torch.nn.Linear's [out, in].
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -60,7 +67,7 @@ def hf_config(cfg: GPTConfig, eos_token_id: int | None) -> dict[str, Any]:
 def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
     model_type = hf.get("model_type")
     if model_type != "gpt2":
-        raise ModelFormatError(f"unsupported model_type {model_type!r} (supported: 'gpt2')")
+        raise ModelFormatError(f"unsupported model_type {model_type!r} (supported: {', '.join(map(repr, SUPPORTED_TYPES))})")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ModelFormatError(f"unsupported activation_function {hf['activation_function']!r}")
     if hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
@@ -94,29 +101,79 @@ def save_model(model: GPT, model_dir: str | Path, *, eos_token_id: int | None = 
     return model_dir
 
 
-def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> GPT:
-    """Load a GPT from a model directory (ours or a Hugging Face GPT-2 one), in eval mode."""
-    model_dir = Path(model_dir)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (model_dir / name).is_file():
-            raise ModelFormatError(f"{model_dir}: missing {name}")
-    cfg = config_from_hf(read_json(model_dir / CONFIG_FILE))
-    raw = load_file(str(model_dir / WEIGHTS_FILE))
-    # Hugging Face's hub checkpoints name GPT2Model's tensors without the "transformer." prefix
-    raw = {(k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): v for k, v in raw.items()}
-    model = GPT(cfg)
-    expected = {k for k in model.state_dict() if k != "lm_head.weight"}
-    missing = sorted(expected - raw.keys())
+def llama_config_from_hf(hf: dict[str, Any]) -> LlamaConfig:
+    """A Llama-family config.json -> LlamaConfig; refuses what the model does not implement."""
+    model_type = hf.get("model_type")
+    rope = hf.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
+    scaling = hf.get("rope_scaling") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
+    if rope_type != "default":
+        raise ModelFormatError(f"unsupported rope scaling {rope_type!r} (only plain RoPE)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ModelFormatError(f"unsupported hidden_act {hf['hidden_act']!r} (only 'silu')")
+    if model_type == "mistral" and hf.get("sliding_window"):
+        raise ModelFormatError("unsupported: mistral sliding_window attention")
+    try:
+        return LlamaConfig(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
+            n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
+            n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"], head_dim=hf.get("head_dim") or 0,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            mlp_bias=bool(hf.get("mlp_bias", False)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            model_type=model_type)
+    except KeyError as e:
+        raise ModelFormatError(f"config.json for model_type {model_type!r} lacks {e.args[0]!r}") from None
+
+
+def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    if (model_dir / WEIGHTS_FILE).is_file():
+        return load_file(str(model_dir / WEIGHTS_FILE))
+    if (model_dir / INDEX_FILE).is_file():
+        shards = sorted(set(read_json(model_dir / INDEX_FILE)["weight_map"].values()))
+        out: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            out.update(load_file(str(model_dir / shard)))
+        return out
+    raise ModelFormatError(f"{model_dir}: missing {WEIGHTS_FILE}")
+
+
+def _check_and_load(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
+    """Every expected tensor present with the right shape, else ModelFormatError naming them."""
+    own = model.state_dict()
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", isinstance(model, GPT)) else set()
+    expected = [k for k in own if k not in tied]
+    missing = [k for k in expected if k not in state]
     if missing:
-        raise ModelFormatError(f"{model_dir / WEIGHTS_FILE}: missing tensors {missing[:8]}"
+        raise ModelFormatError(f"{where}: missing tensors {missing[:8]}"
                                + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    state = {k: (raw[k].t() if k.endswith(_CONV1D_SUFFIXES) else raw[k]) for k in expected}
-    for k, v in state.items():
-        want = model.state_dict()[k].shape
-        if v.shape != want:
-            raise ModelFormatError(f"{model_dir}: tensor {k} has shape {tuple(v.shape)}, config implies {tuple(want)}")
-    model.load_state_dict(state, strict=False)  # lm_head.weight is tied, so it is filled via wte
+    for k in expected:
+        if state[k].shape != own[k].shape:
+            raise ModelFormatError(f"{where}: tensor {k} has shape {tuple(state[k].shape)}, "
+                                   f"config implies {tuple(own[k].shape)}")
+    model.load_state_dict({k: state[k] for k in expected}, strict=False)  # tied heads fill via the embedding
+
+
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> GPT | Llama:
+    """Load a model directory (ours, or Hugging Face GPT-2 / Llama-family safetensors), in eval mode."""
+    model_dir = Path(model_dir)
+    if not (model_dir / CONFIG_FILE).is_file():
+        raise ModelFormatError(f"{model_dir}: missing {CONFIG_FILE}")
+    hf = read_json(model_dir / CONFIG_FILE)
+    if hf.get("model_type") in LLAMA_TYPES:
+        model: GPT | Llama = Llama(llama_config_from_hf(hf))
+        raw = _read_weights(model_dir)
+        _check_and_load(model, raw, model_dir)
+    else:
+        cfg = config_from_hf(hf)
+        raw = _read_weights(model_dir)
+        # Hugging Face's hub checkpoints name GPT2Model's tensors without the "transformer." prefix
+        raw = {(k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): v for k, v in raw.items()}
+        raw = {k: (v.t() if k.endswith(_CONV1D_SUFFIXES) else v) for k, v in raw.items()}
+        model = GPT(cfg)
+        _check_and_load(model, raw, model_dir / WEIGHTS_FILE)
     return model.to(device=device, dtype=dtype).eval()
 
 

@@ -1,0 +1,79 @@
+"""`LLM`: the offline, vLLM-shaped entry point.
+
+    llm = LLM("runs/x/model", kv_cache="paged", max_num_seqs=64)
+    outs = llm.generate(["prompt a", "prompt b"], SamplingParams(temperature=0, max_tokens=32))
+    outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].logprobs, outs[0].metrics
+
+It loads the model directory (model.io: ours, HF GPT-2, HF Llama family) and its
+tokenizer (infer.tokenizer), optionally quantises the linear layers to INT8
+(infer.quant), builds an LLMEngine and drives it until every prompt is done. `params`
+may be one SamplingParams for all prompts or a list, one per prompt.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from tinystack.infer.llm_engine import LLMEngine
+from tinystack.infer.outputs import RequestOutput
+from tinystack.infer.sampler import SamplingParams
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_for_inference(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
+                       quantize: str | None = None, tokenizer: bool = True) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer or None) for a model directory, ready for the engine."""
+    from tinystack.infer.tokenizer import load_tokenizer
+    from tinystack.model.io import load_model
+
+    tok = load_tokenizer(model_dir) if tokenizer else None
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if backend == "numpy":
+        from tinystack.infer.numpy_backend import load_numpy_model
+
+        return load_numpy_model(model_dir), tok
+    if backend != "torch":
+        raise ValueError(f"backend must be 'torch' or 'numpy', got {backend!r}")
+    model = load_model(model_dir, device=device, dtype=_DTYPES[dtype])
+    if quantize == "int8":
+        from tinystack.infer.quant import quantize_int8
+
+        quantize_int8(model)
+    elif quantize is not None:
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    return model, tok
+
+
+class LLM:
+    def __init__(self, model: str | Path | torch.nn.Module, tokenizer=None, *, backend: str = "torch",
+                 device: str = "cpu", dtype: str = "float32", quantize: str | None = None, **engine_kwargs):
+        """`model` is a model directory (or an already built model, with `tokenizer`); engine_kwargs go to
+        LLMEngine: kv_cache, scheduler, block_size, max_num_seqs, max_num_batched_tokens, memory_limit, ..."""
+        if isinstance(model, (str, Path)):
+            model, tok = load_for_inference(model, backend, device, dtype, quantize, tokenizer=tokenizer is None)
+            tokenizer = tokenizer or tok
+        if tokenizer is None:
+            raise ValueError("pass a tokenizer with a model object")
+        self.engine = LLMEngine(model, tokenizer, **engine_kwargs)
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[list[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in the order of the prompts."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        ids = [self.engine.add_request(None, p, sp).request_id for p, sp in zip(prompts, plist)]
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for d in self.engine.step(flush=True):
+                if d.output is not None:
+                    done[d.request_id] = d.output
+        return [done[i] for i in ids]

@@ -1,0 +1,199 @@
+"""The engine core: requests in, one scheduled model step at a time, token deltas out.
+
+    add_request -> admission (memory.py) -> Sequence in the scheduler's queue
+    step():  scheduler.schedule() -> ModelRunner.run(batch) -> logits of rows whose prompt is done
+             -> sample_batch (per-request params and generators) -> append token
+             -> finish on EOS / stop_token_ids / stop string / max_tokens -> release blocks
+             -> TokenDelta per request that produced something (the last one carries the RequestOutput)
+    abort(request_id) frees everything the request held, at once.
+
+The scheduler is a policy ("continuous" or "dynamic", see scheduler.py / batcher.py) over
+the same block manager, KV storage and model runner; the cache is "paged" (small
+blocks, prefix caching) or "contiguous" (one max_seq_len block per sequence).
+Not thread-safe: one thread drives it (LLM.generate, or AsyncEngine's engine thread).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from tinystack.infer.batcher import DynamicBatcher
+from tinystack.infer.block_manager import BlockManager
+from tinystack.infer.memory import MemoryBudget, plan_memory
+from tinystack.infer.model_runner import ModelRunner
+from tinystack.infer.outputs import RequestMetrics, RequestOutput, TokenDelta
+from tinystack.infer.paged_cache import KVStorage
+from tinystack.infer.sampler import SampleRow, SamplingParams, sample_batch
+from tinystack.infer.scheduler import Scheduler
+from tinystack.infer.sequence import Sequence
+
+
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room for a single new token within the model's context."""
+
+
+class LLMEngine:
+    def __init__(self, model: torch.nn.Module, tokenizer, *, kv_cache: str = "paged", scheduler: str = "continuous",
+                 block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 memory_limit: int | None = None, memory_buffer: float = 0.2, cpu_memory_fraction: float = 0.25,
+                 num_kv_blocks: int | None = None,
+                 enable_prefix_caching: bool = True, max_batch: int = 16, max_wait: float = 0.05,
+                 stream_text: bool = False, verbose: bool = True):
+        if kv_cache not in ("paged", "contiguous"):
+            raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
+        if scheduler not in ("continuous", "dynamic"):
+            raise ValueError(f"scheduler must be 'continuous' or 'dynamic', got {scheduler!r}")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        cfg = model.config
+        self.max_seq_len = cfg.max_seq_len
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype if param.is_floating_point() else torch.float32
+        if kv_cache == "contiguous":  # one block per sequence, preallocated to the whole context
+            block_size, enable_prefix_caching = self.max_seq_len, False
+        n_seqs = max_batch if scheduler == "dynamic" else max_num_seqs
+        self.budget: MemoryBudget = plan_memory(
+            model, device=self.device, dtype=self.dtype, block_size=block_size, max_num_seqs=n_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, memory_limit=memory_limit, buffer=memory_buffer,
+            cpu_fraction=cpu_memory_fraction, max_blocks=num_kv_blocks)
+        if verbose:  # on stderr: stdout may be a stream of generated text
+            print(self.budget.describe(), file=sys.stderr, flush=True)
+        self.storage = KVStorage(cfg.n_layer, self.budget.num_blocks, block_size, cfg.n_kv_head, cfg.head_dim,
+                                 self.dtype, self.device)
+        self.block_manager = BlockManager(self.budget.num_blocks, block_size, enable_prefix_caching)
+        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_batch, max_wait) if scheduler == "dynamic"
+                                     else Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens))
+        self.runner = ModelRunner(model, self.storage, self.device)
+        self.stream_text = stream_text
+        self.kv_cache, self.scheduler_kind = kv_cache, scheduler
+        self._seqs: dict[str, Sequence] = {}
+        self._counter = 0
+
+    # -- requests --
+    def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Tokenise and check a request without touching engine state (safe from another thread).
+
+        Raises PromptTooLongError, or AdmissionError (with the numbers) if it can never fit the cache."""
+        if request_id is None:
+            request_id, self._counter = f"req-{self._counter}", self._counter + 1
+        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode_ordinary(prompt)
+        if not ids:
+            ids = [self.tokenizer.eos_token_id]
+        if len(ids) >= self.max_seq_len:
+            raise PromptTooLongError(f"prompt is {len(ids)} tokens; the model's context is {self.max_seq_len} "
+                                     f"tokens, so a prompt may be at most {self.max_seq_len - 1} tokens")
+        max_new = min(params.max_tokens, self.max_seq_len - len(ids))
+        self.budget.admit(len(ids), max_new)
+        gen = None
+        if params.temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ()).item()))
+        return Sequence(request_id, prompt if isinstance(prompt, str) else "", ids, params, max_new, gen)
+
+    def enqueue(self, seq: Sequence) -> None:
+        if seq.request_id in self._seqs:
+            raise ValueError(f"request_id {seq.request_id!r} is already in the engine")
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Queue a request (see make_sequence for what is refused)."""
+        seq = self.make_sequence(request_id, prompt, params)
+        self.enqueue(seq)
+        return seq
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; None if it is unknown or already finished."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        seq.text = self.tokenizer.decode(seq.output_ids) if not seq.params.stop else seq.text
+        return self._output(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.block_manager.num_used_blocks
+
+    # -- one step --
+    def step(self, flush: bool = False) -> list[TokenDelta]:
+        batch = self.scheduler.schedule(flush=flush)
+        if not batch:
+            return []
+        logits = self.runner.run(batch)
+        ready, rows = [], []
+        for i, (seq, n) in enumerate(batch):
+            seq.num_computed += n
+            self.block_manager.commit(seq)
+            if seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
+                ready.append((i, seq))
+                rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids))
+        if not ready:
+            return []
+        tokens, infos = sample_batch(logits[[i for i, _ in ready]], rows)
+        now = time.perf_counter()
+        return [d for (_, seq), tok, info in zip(ready, tokens, infos) if (d := self._append(seq, tok, info, now))]
+
+    def _append(self, seq: Sequence, tok: int, info: dict | None, now: float) -> TokenDelta | None:
+        p = seq.params
+        seq.first_token = seq.first_token or now
+        seq.last_token = now
+        reason = None
+        eos = getattr(self.tokenizer, "eos_token_ids", None) or {self.tokenizer.eos_token_id}
+        if (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids:
+            reason = "stop"  # the stop token itself is not part of the output
+        else:
+            seq.token_ids.append(tok)
+            if info is not None:
+                seq.logprobs.append(info)
+            if p.stop or self.stream_text:
+                self._detokenize(seq)
+                reason = seq.finish_reason
+            if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
+                reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._seqs.pop(seq.request_id, None)
+        return self._delta(seq)
+
+    def _detokenize(self, seq: Sequence) -> None:
+        text = self.tokenizer.decode(seq.output_ids)
+        for s in seq.params.stop:
+            cut = text.find(s, max(0, len(seq.text) - len(s)))
+            if cut >= 0:
+                text, seq.finish_reason = text[:cut], "stop"
+        seq.text = text
+
+    def _delta(self, seq: Sequence) -> TokenDelta | None:
+        out = seq.output_ids
+        finished = seq.finish_reason is not None
+        if finished and not (seq.params.stop or self.stream_text):
+            seq.text = self.tokenizer.decode(out)
+        new_ids = out[seq.tokens_streamed:]
+        seq.tokens_streamed = len(out)
+        text = ""
+        if self.stream_text or finished:
+            safe = len(seq.text)
+            if not finished:  # hold back what may be half a character or the start of a stop string
+                while safe and seq.text[safe - 1] == "\ufffd":
+                    safe -= 1
+                safe = max(seq.streamed, safe - max((len(s) for s in seq.params.stop), default=1) + 1)
+            text, seq.streamed = seq.text[seq.streamed:safe], max(seq.streamed, safe)
+        if not new_ids and not text and not finished:
+            return None
+        return TokenDelta(seq.request_id, new_ids, text, seq.finish_reason, self._output(seq) if finished else None)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        m = RequestMetrics(seq.arrival, seq.first_scheduled, seq.first_token, seq.last_token,
+                           time.perf_counter() if seq.finish_reason else None)
+        return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_ids), seq.text, list(seq.output_ids),
+                             seq.finish_reason, list(seq.logprobs) if seq.params.logprobs is not None else None, m,
+                             seq.num_cached_prompt_tokens, seq.num_preemptions)

@@ -1,0 +1,38 @@
+"""Runs the model for one scheduled step: a ragged batch in, next-token logits out.
+
+    [(seq, n), ...] -> ids [B, T] (row b: the n_b tokens from seq.num_computed on, right-padded)
+                    -> BatchView over the KV storage (writes the new K/V, gathers each row's history)
+                    -> model(ids, kv_cache=view, positions=..., logit_index=last valid t)
+                    -> logits [B, V] at each row's last fed token
+
+Prefill chunks and single-token decodes share one call; only the rows' last
+positions go through the output head.
+"""
+from __future__ import annotations
+
+import torch
+
+from tinystack.infer.paged_cache import BatchView, KVStorage
+from tinystack.infer.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, storage: KVStorage, device: str | torch.device = "cpu"):
+        self.model = model
+        self.storage = storage
+        self.device = torch.device(device)
+
+    @torch.inference_mode()
+    def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
+        if getattr(self.model, "needs_full_sequence", False):  # a backend without a KV cache (numpy_backend)
+            return torch.stack([self.model.last_logits(seq.token_ids[: seq.num_computed + n]) for seq, n in batch])
+        starts = [seq.num_computed for seq, _ in batch]
+        lengths = [n for _, n in batch]
+        T = max(lengths)
+        ids = torch.zeros(len(batch), T, dtype=torch.long)
+        for b, (seq, n) in enumerate(batch):
+            ids[b, :n] = torch.tensor(seq.token_ids[seq.num_computed: seq.num_computed + n])
+        view = BatchView(self.storage, [seq.block_table for seq, _ in batch], starts, lengths, self.device)
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        logits, _ = self.model(ids.to(self.device), kv_cache=view, positions=view.positions, logit_index=last)
+        return logits[:, 0]

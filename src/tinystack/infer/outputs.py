@@ -1,0 +1,60 @@
+"""What the engine hands back: finished RequestOutputs and streamed TokenDeltas, with timing."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """perf_counter seconds: arrival -> first scheduled -> first token -> last token -> finished."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def decode_s(self) -> float | None:
+        return None if self.first_token is None or self.last_token is None else self.last_token - self.first_token
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" | "length" | "abort"; None while running
+    logprobs: list[dict] | None  # per token {"logprob": float, "top": {id: logprob}} when asked for
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class TokenDelta:
+    """What one step added to one request: new token ids and the text they complete."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    output: RequestOutput | None = None  # set on the last delta
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

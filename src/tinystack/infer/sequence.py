@@ -1,0 +1,72 @@
+"""One request's state inside the engine: its tokens, how many are in the KV cache, its blocks.
+
+    WAITING --scheduled--> RUNNING --EOS / stop / max_tokens / abort--> FINISHED
+       ^                      |
+       +---- preempted -------+   (blocks freed; its prompt + output so far is recomputed later)
+
+`num_computed` counts the tokens whose keys/values are in the cache; a step feeds the
+model tokens num_computed..num_computed+n-1. When num_computed reaches len(token_ids)
+the step's logits give the next token. Timing points (perf_counter seconds) feed
+RequestOutput.metrics and the server's logs.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tinystack.infer.sampler import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity: two requests are never the same sequence
+class Sequence:
+    request_id: str
+    prompt: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int  # params.max_tokens capped by the model's context
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(default_factory=list)  # prompt + output
+    num_computed: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # hashes of the full blocks registered so far
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    logprobs: list[dict] = field(default_factory=list)
+    text: str = ""  # decoded output, cut at a stop string
+    streamed: int = 0  # characters of `text` already handed out as deltas
+    tokens_streamed: int = 0
+    num_cached_prompt_tokens: int = 0  # prefix-cache hits at the first admission
+    num_preemptions: int = 0
+    arrival: float = field(default_factory=time.perf_counter)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def max_len(self) -> int:
+        return len(self.prompt_ids) + self.max_new_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,172 @@
+"""The Llama family in PyTorch: Llama, TinyLlama, SmolLM, Mistral-style GQA, and Qwen2 (QKV bias).
+
+    idx [B, T] -> embed_tokens -> n_layer x Block -> RMSNorm -> lm_head -> logits [B, T, V]
+    Block:  x = x + attn(rms(x));  x = x + mlp(rms(x))
+    attn:   q, k, v projections (k/v with n_kv_head <= n_head heads: grouped-query attention),
+            rotary position embedding on q and k, causal attention (model.attention)
+    mlp:    down(silu(gate(x)) * up(x))                                   (SwiGLU)
+
+Parameter names are Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ...), so a
+checkpoint's safetensors load by name with no renaming. The forward signature and the
+KV-cache protocol are the GPT's: `forward(idx, targets, kv_cache, start_pos, positions)`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tinystack.model.attention import KVCacheLike, causal_attention
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int = 128
+    intermediate_size: int = 344
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int = 4
+    head_dim: int = 0  # 0 = hidden_size // n_head
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    attention_bias: bool = False  # Qwen2: True (q, k, v projections carry biases)
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    model_type: str = "llama"
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            self.head_dim = self.hidden_size // self.n_head
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.max_position_embeddings
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # in float32, as Hugging Face does, so bfloat16 models normalise the same way
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T] -> cos, sin [B, 1, T, head_dim] (the two halves share frequencies, HF layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]
+    return emb.cos(), emb.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        hd = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_head * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.n_head * hd, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: KVCacheLike | None, start_pos: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x).view(B, T, c.n_head, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = causal_attention(q, k, v, self.layer_idx, kv_cache, start_pos)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, c.n_head * c.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, kv_cache, start_pos):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, start_pos)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+            layers=nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)]),
+            norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+        ))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCacheLike | None = None,
+                start_pos: int = 0, positions: torch.Tensor | None = None,
+                logit_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx [B, T] at positions start_pos.. (or `positions` [B, T]) -> (logits [B, T, V], loss or None).
+
+        `logit_index` [B]: logits only at that position of each row -> [B, 1, V] (see GPT.forward)."""
+        B, T = idx.shape
+        if positions is None:
+            if start_pos + T > self.config.max_position_embeddings:
+                raise ValueError(f"sequence of {start_pos + T} tokens exceeds "
+                                 f"max_position_embeddings={self.config.max_position_embeddings}")
+            positions = torch.arange(start_pos, start_pos + T, device=idx.device).expand(B, T)
+        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
+        x = self.model.embed_tokens(idx)
+        for block in self.model.layers:
+            x = block(x, cos, sin, kv_cache, start_pos)
+        if logit_index is not None:
+            x = x[torch.arange(B, device=x.device), logit_index][:, None]
+        logits = self.lm_head(self.model.norm(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss

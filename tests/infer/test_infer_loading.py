@@ -1,0 +1,76 @@
+"""Model directories end to end: our checkpoint + BPE tokenizer.json through `tokenizers`, the CLI, INT8."""
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tinystack.infer import LLM, Engine, SamplingParams
+from tinystack.infer.quant import Int8Linear, quantize_int8
+from tinystack.infer.tokenizer import load_tokenizer
+from tinystack.model import GPT, GPTConfig, save_model
+from tinystack.tokenizer import BPETokenizer
+
+TEXT = ["def generate(prompt, params):\n    return engine.run(prompt) + 'héllo ✓'\n"] * 20
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ours")
+    tok = BPETokenizer.train(TEXT, vocab_size=300)
+    tok.save(d)
+    torch.manual_seed(4)
+    save_model(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32)), d,
+               eos_token_id=tok.eos_token_id)
+    return d
+
+
+def test_one_tokenizer_path_matches_our_bpe(model_dir):
+    ours, loaded = BPETokenizer.load(model_dir), load_tokenizer(model_dir)
+    for text in TEXT[:1] + ["<|endoftext|> is text here", "ünïcode ✓ 123"]:
+        assert loaded.encode_ordinary(text) == ours.encode_ordinary(text)
+        assert loaded.decode(ours.encode_ordinary(text)) == text
+    assert loaded.eos_token_id == ours.eos_token_id
+
+
+def test_llm_and_engine_from_a_model_directory_agree(model_dir):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    out = LLM(model_dir, memory_limit=2**30, max_num_seqs=4).generate(["def generate(", "héllo"], params)
+    single = Engine.from_dir(model_dir)
+    for o, p in zip(out, ["def generate(", "héllo"]):
+        assert o.token_ids == single.generate(p, params).token_ids
+        assert o.text == single.tokenizer.decode(o.token_ids)
+
+
+def test_generate_cli_streams_the_continuation(model_dir):
+    from tinystack.infer.commands import generate
+    import typer
+
+    app = typer.Typer()
+    app.command()(generate)
+    res = CliRunner().invoke(app, ["--model", str(model_dir), "--prompt", "def ", "--max-tokens", "8",
+                                   "--temperature", "0", "--ignore-eos"])
+    assert res.exit_code == 0, res.output
+    want = LLM(model_dir, memory_limit=2**30, max_num_seqs=1).generate(
+        ["def "], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
+    assert res.stdout.startswith("def " + want.text)
+    assert "finish_reason=length" in res.output
+
+
+def test_int8_weights_are_a_quarter_and_close(model_dir):
+    from tinystack.model import load_model
+
+    model = load_model(model_dir)
+    q = load_model(model_dir)
+    report = quantize_int8(q)
+    assert report["layers"] == 2 * 4 and sum(isinstance(m, Int8Linear) for m in q.modules()) == 8  # lm_head is tied
+    assert report["bytes_after"] < 0.3 * report["bytes_before"]  # 1/4, plus one fp32 scale per row (n_embd 32)
+    idx = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = model(idx)[0], q(idx)[0]  # the dequantising path
+        a1, b1 = model(idx[:1, :1])[0], q(idx[:1, :1])[0]  # the int8-kernel path (one row)
+    for x, y in ((a, b), (a1, b1)):
+        assert (x - y).abs().max() < 0.05 * x.abs().max()
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    out = LLM(model_dir, quantize="int8", memory_limit=2**30, max_num_seqs=2).generate(["def "], greedy)[0]
+    assert len(out.token_ids) == 8

@@ -1,0 +1,55 @@
+"""Llama-family checkpoints (Llama with GQA, Qwen2 with QKV bias) load by name and equal `transformers`."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tinystack.model import Llama, ModelFormatError, load_model
+
+transformers = pytest.importorskip("transformers")
+
+
+def _save(tmp_path, kind, **over):
+    torch.manual_seed(0)
+    kw = dict(vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=40, **over)
+    if kind == "llama":
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
+    else:
+        hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
+        with torch.no_grad():
+            for layer in hf.model.layers:
+                layer.self_attn.k_proj.bias.normal_()
+    hf.eval().save_pretrained(tmp_path, safe_serialization=True)
+    return hf
+
+
+@pytest.mark.parametrize("kind, over", [("llama", {}), ("llama", {"tie_word_embeddings": True, "rope_theta": 500.0}),
+                                        ("qwen2", {"tie_word_embeddings": True})])
+def test_logits_equal_transformers(tmp_path, kind, over):
+    hf = _save(tmp_path, kind, **over)
+    ours = load_model(tmp_path)
+    assert isinstance(ours, Llama) and ours.config.n_kv_head == 2
+    assert ours.config.attention_bias == (kind == "qwen2")
+    idx = torch.randint(0, 67, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(ours(idx)[0], hf(idx).logits, atol=1e-4)
+
+
+def test_clear_errors(tmp_path):
+    _save(tmp_path, "llama")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if "layers.1.mlp.up_proj" not in k}, tmp_path / "model.safetensors")
+    with pytest.raises(ModelFormatError, match=r"missing tensors \['model.layers.1.mlp.up_proj.weight'\]"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
+    with pytest.raises(ModelFormatError, match="unsupported model_type 'mamba'.*'llama', 'qwen2'"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    with pytest.raises(ModelFormatError, match="unsupported rope scaling 'llama3'"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
+    with pytest.raises(ModelFormatError, match="lacks 'hidden_size'"):
+        load_model(tmp_path)
