@@ -6,7 +6,6 @@ server is real uvicorn on 127.0.0.1 (random port) started with run_in_background
 from __future__ import annotations
 
 import random
-import threading
 import time
 from contextlib import ExitStack
 from dataclasses import replace
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 from tinystack.config import ServeConfig
-from tinystack.infer import Engine, Generation, SamplingParams
+from tinystack.infer import AsyncEngine, Engine, LLMEngine
 from tinystack.model import GPT, GPTConfig
 from tinystack.observe import RequestLog, setup_request_log
 from tinystack.serve import create_app, run_in_background
@@ -50,71 +49,76 @@ def engine(tokenizer: BPETokenizer) -> Engine:
     return Engine(tiny_gpt(tokenizer), tokenizer)
 
 
-class SlowEngine(Engine):
-    """Generates `max_tokens` dummy tokens, sleeping `delay_s` per token and checking `cancel` before each.
+class FaultyModel(torch.nn.Module):
+    """Wraps a GPT: each forward pass (= one engine step) first sleeps `delay_s`, then raises
+    with probability `fail_rate` (seeded), or always while `failing` is set. Fault injection
+    at the engine's step level, under the real server."""
 
-    Records how many generations run at once and how each one ended, so tests can
-    check the concurrency limit and that a timed-out generation really stopped.
-    """
+    def __init__(self, inner: GPT, delay_s: float = 0.0, fail_rate: float = 0.0, seed: int = 0):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+        self.delay_s, self.fail_rate, self.failing = delay_s, fail_rate, False
+        self.rng = random.Random(seed)
+        self.steps = 0
 
-    def __init__(self, model: GPT, tokenizer: BPETokenizer, delay_s: float = 0.05):
-        super().__init__(model, tokenizer)
-        self.delay_s = delay_s
-        self.lock = threading.Lock()
-        self.active = 0
-        self.max_active = 0
-        self.finished: list[Generation] = []
+    def forward(self, *args, **kwargs):
+        self.steps += 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.failing or (self.fail_rate and self.rng.random() < self.fail_rate):
+            raise RuntimeError("injected engine fault (secret internal detail)")
+        return self.inner(*args, **kwargs)
 
-    def generate(self, prompt: str, params: SamplingParams, cancel: threading.Event | None = None,
-                 on_token: Callable[[int], None] | None = None) -> Generation:
-        ids = self.encode_prompt(prompt)
-        with self.lock:
-            self.active += 1
-            self.max_active = max(self.max_active, self.active)
-        try:
-            out: list[int] = []
-            finish = "length"
-            t0 = time.perf_counter()
-            while len(out) < params.max_tokens:
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                time.sleep(self.delay_s)
-                out.append(ids[-1])
-        finally:
-            with self.lock:
-                self.active -= 1
-        gen = Generation(self.tokenizer.decode(out), out, len(ids), finish, prefill_s=0.0,
-                         decode_s=time.perf_counter() - t0)
-        with self.lock:
-            self.finished.append(gen)
-        return gen
+
+@pytest.fixture(params=["threads", "continuous"])
+def faulty_engine(request, tokenizer: BPETokenizer) -> Iterator[Engine | AsyncEngine]:
+    """An Engine (batch-1, threads) or an AsyncEngine (continuous batching, paged KV cache) whose model
+    is a FaultyModel, reachable as `.fault`: set delay_s / fail_rate / failing on it."""
+    fault = FaultyModel(tiny_gpt(tokenizer))
+    if request.param == "threads":
+        engine = Engine(fault, tokenizer)
+    else:
+        engine = AsyncEngine(LLMEngine(fault, tokenizer, max_num_seqs=8, num_kv_blocks=64))
+    engine.fault = fault
+    yield engine
+    if isinstance(engine, AsyncEngine):
+        engine.shutdown()
 
 
 @pytest.fixture
-def slow_engine(tokenizer: BPETokenizer) -> SlowEngine:
-    return SlowEngine(tiny_gpt(tokenizer), tokenizer)
+def async_engine(tokenizer: BPETokenizer) -> Iterator[AsyncEngine]:
+    """A continuous-batching AsyncEngine over the tiny GPT (shut down at teardown)."""
+    engine = AsyncEngine(LLMEngine(tiny_gpt(tokenizer), tokenizer, max_num_seqs=8, num_kv_blocks=64))
+    yield engine
+    engine.shutdown()
 
 
 class Served:
-    """A running server: its base URL, the engine behind it and its request log (if any)."""
+    """A running server: its base URL, the engine, the app (app.state.server is the live
+    ServerState: adapter counters, breaker, gate) and its request log (if any)."""
 
-    def __init__(self, url: str, engine: Engine, log: RequestLog | None, log_path: Path | None):
-        self.url, self.engine, self.log, self.log_path = url, engine, log, log_path
+    def __init__(self, url: str, engine: Engine, app, log: RequestLog | None, log_path: Path | None):
+        self.url, self.engine, self.app, self.log, self.log_path = url, engine, app, log, log_path
+
+    @property
+    def state(self):
+        return self.app.state.server
 
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """serve(engine, log=False, include_text=False, **ServeConfig overrides) -> Served; stopped at teardown."""
+    """serve(engine, log=False, include_text=False, model_dir=None, **ServeConfig overrides) -> Served;
+    stopped at teardown."""
     with ExitStack() as stack:
-        def start(engine: Engine, log: bool = False, include_text: bool = False, **overrides) -> Served:
+        def start(engine: Engine, log: bool = False, include_text: bool = False, model_dir: Path | None = None,
+                  **overrides) -> Served:
             cfg = replace(ServeConfig(), **overrides)
             log_path = tmp_path / f"requests-{len(list(tmp_path.iterdir()))}.jsonl" if log else None
             request_log = setup_request_log(log_path, include_text=include_text) if log else None
             if request_log is not None:
                 stack.callback(request_log.close)  # after the server stopped (callbacks run LIFO)
-            url = stack.enter_context(run_in_background(create_app(engine, cfg, request_log), startup_timeout_s=10,
-                                                        shutdown_timeout_s=5))
-            return Served(url, engine, request_log, log_path)
+            app = create_app(engine, cfg, request_log, model_dir=model_dir)
+            url = stack.enter_context(run_in_background(app, startup_timeout_s=10, shutdown_timeout_s=5))
+            return Served(url, engine, app, request_log, log_path)
 
         yield start

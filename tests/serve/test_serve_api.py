@@ -4,7 +4,6 @@ import re
 import httpx
 import pytest
 
-from tinystack.infer import Engine
 
 PROMPT = "return the number of"
 
@@ -127,16 +126,15 @@ def test_unknown_route_and_method_use_the_error_shape(client):
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
 
 
-def test_engine_failure_is_a_generic_500(serve, tokenizer, tiny_model):
-    class BrokenEngine(Engine):
-        def generate(self, prompt, params, cancel=None, on_token=None):
-            raise RuntimeError("secret internal detail")
-
-    served = serve(BrokenEngine(tiny_model, tokenizer))
+def test_engine_failure_is_a_clean_503_without_internals(serve, faulty_engine):
+    faulty_engine.fault.failing = True
+    served = serve(faulty_engine)
     with httpx.Client(base_url=served.url, timeout=10) as c:
         r = c.post("/generate", json={"prompt": PROMPT})
-        assert r.status_code == 500
-        assert r.json()["error"]["code"] == "internal_error"
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert err["code"] == "engine_unavailable" and err["type"] == "server_error"
         assert "secret" not in r.text and "Traceback" not in r.text
-        assert r.headers["x-request-id"] in r.json()["error"]["message"]
-        assert c.get("/health").json()["in_flight"] == 0  # the slot was given back
+        assert int(r.headers["retry-after"]) >= 1
+        health = c.get("/health").json()
+        assert health["in_flight"] == 0 and health["kv_bytes_in_use"] == 0  # nothing leaked

@@ -1,27 +1,33 @@
-"""Serving: an Engine behind an HTTP API (FastAPI + uvicorn), with limits, timeouts and timing.
+"""Serving: an Engine behind an OpenAI-compatible HTTP API that stays up under overload, faults and bad input.
 
-Data flow of POST /generate:
+Data flow of POST /v1/completions (chat and /generate are the same past parsing):
 
     HTTP request
-      -> RequestContextMiddleware   request id (x-request-id or uuid4 hex), timing "arrival"  (middleware.py)
-      -> GenerateRequest            pydantic: types, ranges, no unknown fields       (schemas.py)
-      -> validated_request          config limits, prompt chars and tokens           (deps.py)
-      -> InferenceRunner.run        "enqueue" -> semaphore slot -> worker thread:     (runner.py)
-                                    "start" -> engine.generate(cancel=event) -> "end"
-                                    deadline cfg.timeout_s -> cancel -> 504
-      -> GenerateResponse           text, tokens, counts, finish_reason, timing ms   (service.py)
-      -> "returned"; x-request-id header; one JSON log line (tinystack.observe)
-    errors at any step -> {"error": {"message", "type", "code"}}                     (errors.py)
+      -> RequestContextMiddleware  request id, timing "arrival", one JSON log line      (middleware.py)
+      -> BodyLimitMiddleware       413 over max_body_bytes                              (body_limit.py)
+      -> CompletionRequest         pydantic: types, ranges, no unknown fields -> 400   (openai_schemas.py)
+      -> caller                    API key (Bearer, hashed, constant time) -> 401      (deps.py, auth.py)
+      -> prepare_completion        prompt -> ids; context / limits with numbers -> 400 (requests.py, chat.py)
+      -> check_rate                per-key token buckets -> 429 + Retry-After          (ratelimit.py)
+      -> execution.run             breaker open -> fallback / 503; gate full -> 429    (execution.py, protect.py)
+      -> generation.generate       n choices on the engine, stop strings, deadline     (generation.py, detok.py)
+      -> EngineAdapter.stream      the only code that knows the engine's API  (engine_adapter.py,
+                                   async_adapter.py: AsyncEngine, threaded_adapter.py: Engine)
+      -> openai_service            whole JSON answer, or SSE chunks + data: [DONE]     (openai_service.py)
+    timeout -> abort + 504; engine fails/stalls -> abort + degraded/503; client gone -> abort
 
-GET /health answers from the event loop with the current load. `create_app` builds
-the app (app.py); `serve_forever` / `run_in_background` run it with uvicorn (server.py).
+The lifespan builds the ServerState (state.py) and a watchdog that restarts a dead
+engine loop (watchdog.py). `create_app` builds the app (app.py); `serve_forever`
+(SIGTERM: /ready 503, finish in-flight within a grace period) and `run_in_background`
+run it with uvicorn (server.py); `tinystack serve` is the CLI (commands.py).
 """
-from tinystack.serve.app import create_app
+from tinystack.serve.app import build_state, create_app
+from tinystack.serve.engine_adapter import EngineAdapter, EngineStats, TokenEvent, make_adapter
 from tinystack.serve.errors import ApiError
-from tinystack.serve.runner import InferenceRunner, InferenceTimeout
 from tinystack.serve.schemas import (ErrorDetail, ErrorResponse, GenerateRequest, GenerateResponse, HealthResponse,
                                      Timing)
 from tinystack.serve.server import run_in_background, serve_forever
 
-__all__ = ["ApiError", "ErrorDetail", "ErrorResponse", "GenerateRequest", "GenerateResponse", "HealthResponse",
-           "InferenceRunner", "InferenceTimeout", "Timing", "create_app", "run_in_background", "serve_forever"]
+__all__ = ["ApiError", "EngineStats", "ErrorDetail", "ErrorResponse", "GenerateRequest", "GenerateResponse",
+           "HealthResponse", "EngineAdapter", "Timing", "TokenEvent", "build_state", "create_app",
+           "make_adapter", "run_in_background", "serve_forever"]

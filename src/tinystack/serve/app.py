@@ -1,53 +1,90 @@
-"""`create_app`: an Engine and a ServeConfig in, a FastAPI app with /generate and /health out.
+"""`create_app`: an Engine and a ServeConfig in, the FastAPI app out.
 
     RequestContextMiddleware   request id, arrival time, one log line per request (middleware.py)
-    error handlers             one error shape for every failure (errors.py)
-    routes                     POST /generate, GET /health (routes.py -> service.py)
-    lifespan                   builds the InferenceRunner (semaphore + thread pool) when the
-                               server starts and stops it when the server stops (runner.py)
+    BodyLimitMiddleware        413 for bodies over max_body_bytes, before they are read (body_limit.py)
+    error handlers             one OpenAI-shaped error body for every failure (errors.py)
+    routes                     /generate, /v1/*, /health, /ready, /metrics (routes.py)
+    lifespan                   builds the ServerState (engine adapter, gate, breaker, rate
+                               limiter, API keys, chat template) and the watchdog when the
+                               server starts; stops them when it stops (state.py, watchdog.py)
 
-The runner is created inside the server's event loop, so the same app object can be
-served more than once (e.g. twice by `run_in_background`) without sharing a loop-bound
-semaphore or a shut-down thread pool between runs.
+Everything bound to an event loop is created inside the server's loop, so the same
+app object can be served more than once (e.g. twice by `run_in_background`).
 """
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+import asyncio
+import logging
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
 from tinystack.config import ServeConfig
 from tinystack.observe.logs import RequestLog
+from tinystack.serve.auth import KeyChecker, load_key_hashes
+from tinystack.serve.body_limit import BodyLimitMiddleware
+from tinystack.serve.chat import ChatFormatter, load_chat_template
+from tinystack.serve.engine_adapter import make_adapter
 from tinystack.serve.errors import install_error_handlers
 from tinystack.serve.middleware import RequestContextMiddleware
+from tinystack.serve.protect import AdmissionGate, CircuitBreaker
+from tinystack.serve.ratelimit import RateLimiter
 from tinystack.serve.routes import router
-from tinystack.serve.runner import InferenceRunner
+from tinystack.serve.state import ServerState
+from tinystack.serve.watchdog import watchdog
+
+logger = logging.getLogger("tinystack.serve")
 
 
-def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None) -> FastAPI:
-    """The serving app for `engine` (an `tinystack.infer.Engine`, or anything with its
-    `generate(prompt, params, cancel=)`, `encode_prompt(prompt)` and `max_seq_len`).
+def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None) -> ServerState:
+    """The shared objects of one server run (see state.py). Raises ValueError for a bad key file."""
+    adapter = make_adapter(engine, cfg.max_num_seqs)
+    tok = adapter.tokenizer
+    eos = ""
+    if adapter.eos_token_id is not None:
+        eos = tok.decode([adapter.eos_token_id])
+    name = cfg.model_name or (Path(model_dir).name if model_dir else "tinystack")
+    return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(cfg.max_num_seqs, cfg.max_queued_requests),
+                       breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
+                       limiter=RateLimiter(cfg.rate_limit_rpm, cfg.rate_limit_tpm),
+                       keys=KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file)),
+                       chat=ChatFormatter(load_chat_template(model_dir), eos_token=eos), model_name=name)
+
+
+def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None, *,
+               model_dir: str | Path | None = None) -> FastAPI:
+    """The serving app for `engine` (a `tinystack.infer.Engine`).
 
     `request_log` receives one "request" line per HTTP request; the caller owns it
-    (creates and closes it). Run the app with `serve_forever` or `run_in_background`.
+    (creates and closes it). `model_dir` is where the chat template
+    (tokenizer_config.json) and the default model name come from. Run the app with
+    `serve_forever` or `run_in_background`. `app.state.server` is the running ServerState.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runner = InferenceRunner(engine.generate, cfg.max_concurrency, cfg.timeout_s)
-        app.state.runner = runner
+        state = build_state(engine, cfg, model_dir)
+        app.state.server = state
+        logger.info("serving %s with %s", state.model_name, state.settings())
+        dog = asyncio.create_task(watchdog(state.adapter, cfg.watchdog_interval_s))
         try:
             yield
         finally:
-            app.state.runner = None
-            runner.close()
+            dog.cancel()
+            with suppress(asyncio.CancelledError):
+                await dog
+            app.state.server = None
+            state.adapter.close()
 
-    app = FastAPI(title="tinystack", summary="Text generation with a tiny GPT.", lifespan=lifespan)
+    app = FastAPI(title="tinystack", summary="Text generation with a tiny GPT; OpenAI-compatible.",
+                  lifespan=lifespan)
     app.state.engine = engine
     app.state.serve_config = cfg
-    app.state.runner = None
+    app.state.server = None
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_body_bytes)  # inside: its 413s are logged
     app.add_middleware(RequestContextMiddleware, request_log=request_log)
     app.include_router(router)
     return app

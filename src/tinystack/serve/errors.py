@@ -1,4 +1,4 @@
-"""Every failure becomes one JSON shape: `{"error": {"message", "type", "code"}}` (schemas.ErrorResponse).
+"""Every failure becomes one JSON shape, OpenAI's: `{"error": {"message", "type", "param", "code"}}`.
 
     ApiError raised anywhere in a request          -> its status, message, type, code
     RequestValidationError (pydantic / FastAPI)    -> 422 "field: reason; ..." (malformed JSON -> 400)
@@ -7,9 +7,10 @@
                                                       (middleware.py; the traceback goes to the
                                                       `tinystack.serve` logger, never to the client)
 
-Status codes: 400 bad request (malformed JSON, prompt too long for the model),
-413 prompt over the character limit, 422 a field fails validation, 504 timeout,
-500 a bug or engine failure.
+Status codes: 400 bad request (malformed JSON, a value out of range, prompt too long
+for the model), 401 missing or wrong API key, 413 body or prompt too large, 422 a
+/generate field fails validation, 429 over capacity or over a rate limit (with
+Retry-After), 503 engine unavailable or server draining, 504 timeout, 500 a bug.
 """
 from __future__ import annotations
 
@@ -29,27 +30,38 @@ logger = logging.getLogger("tinystack.serve")
 INVALID_REQUEST = "invalid_request_error"
 TIMEOUT = "timeout_error"
 SERVER_ERROR = "server_error"
+AUTH_ERROR = "authentication_error"
 
 
 class ApiError(Exception):
     """An error answer: HTTP `status`, a message for the client, an error `type` and a precise `code`."""
 
-    def __init__(self, status: int, message: str, code: str, type: str = INVALID_REQUEST) -> None:
+    def __init__(self, status: int, message: str, code: str, type: str = INVALID_REQUEST, *,
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.type = type
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
 
 
-def error_response(request: Request, status: int, message: str, type: str, code: str) -> JSONResponse:
+def error_body(message: str, type: str, code: str, param: str | None = None) -> dict[str, Any]:
+    return ErrorResponse(error=ErrorDetail(message=message, type=type, param=param, code=code)).model_dump()
+
+
+def error_response(request: Request, status: int, message: str, type: str, code: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     """Build the error body, mark the request's `returned` time and note the error for the request log."""
     ctx = get_context(request)
     if ctx is not None:
         ctx.mark_returned()
         ctx.fields.setdefault("error_code", code)
-    body = ErrorResponse(error=ErrorDetail(message=message, type=type, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(error_body(message, type, code, param), status_code=status, headers=headers)
 
 
 def _field_name(loc: tuple[Any, ...]) -> str:
@@ -74,7 +86,7 @@ def validation_message(errors: list[dict[str, Any]]) -> str:
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return error_response(request, exc.status, exc.message, exc.type, exc.code)
+    return error_response(request, exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -86,12 +98,16 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         pos = [p for p in bad_json.get("loc", ()) if isinstance(p, int)]
         where = f" at character {pos[0]}" if pos else ""
         return error_response(request, 400, f"malformed JSON body: {reason}{where}", INVALID_REQUEST, "malformed_json")
-    return error_response(request, 422, validation_message(errors), INVALID_REQUEST, "validation_error")
+    # OpenAI answers 400 for a bad field; /generate keeps the foundation's 422
+    status = 422 if request.url.path == "/generate" else 400
+    param = _field_name(tuple(errors[0].get("loc", ()))) if errors else None
+    return error_response(request, status, validation_message(errors), INVALID_REQUEST, "validation_error",
+                          None if param == "request body" else param)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed"}
+    codes = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
     response = error_response(request, exc.status_code, str(exc.detail), INVALID_REQUEST if exc.status_code < 500
                               else SERVER_ERROR, codes.get(exc.status_code, f"http_{exc.status_code}"))
     if exc.headers:

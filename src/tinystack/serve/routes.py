@@ -1,24 +1,126 @@
-"""The HTTP routes. Each one wires dependencies to a function in service.py and nothing more."""
+"""The HTTP routes. Each one wires dependencies to service.py / openai_service.py and nothing more.
+
+    POST /generate               native endpoint (the foundation's; kept)
+    POST /v1/completions         OpenAI completions, whole or streamed (SSE)
+    POST /v1/chat/completions    OpenAI chat completions, whole or streamed (SSE)
+    GET  /v1/models              the one model served
+    GET  /health  /ready  /metrics   open unless cfg.open_health is false
+"""
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any, AsyncIterator
 
-from tinystack.serve import service
-from tinystack.serve.deps import Context, EngineDep, Runner, Validated
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from tinystack.serve import openai_service, service
+from tinystack.serve.deps import Caller, Context, State, Validated, open_or_caller
+from tinystack.serve.disconnect import ClientDisconnected, unless_disconnected
+from tinystack.serve.errors import ApiError
+from tinystack.serve.execution import check_rate
+from tinystack.serve.openai_schemas import ChatCompletionRequest, CompletionRequest
+from tinystack.serve.requests import Prepared, prepare_chat, prepare_completion, prepare_off_loop
 from tinystack.serve.schemas import ErrorResponse, GenerateResponse, HealthResponse
 
 router = APIRouter()
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 413, 422, 500, 503, 504)}
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
+                                            for code in (400, 401, 413, 422, 429, 500, 503, 504)}
+_OPEN = [Depends(open_or_caller)]
 
 
-@router.post("/generate", response_model=GenerateResponse, responses=_ERRORS)  # type: ignore[arg-type]
-async def generate(req: Validated, runner: Runner, ctx: Context) -> GenerateResponse:
+def _closed_response(status: int = 499) -> JSONResponse:
+    return JSONResponse({"error": {"message": "client disconnected", "type": "client_closed", "param": None,
+                                   "code": "client_disconnected"}}, status_code=status)
+
+
+@router.post("/generate", response_model=GenerateResponse, responses=_ERRORS)
+async def generate(request: Request, req: Validated, state: State, ctx: Context, who: Caller) -> Any:
     """Continue `prompt` with up to `max_tokens` new tokens; the answer carries timing in ms."""
-    return await service.generate(req, runner, ctx)
+    check_rate(state, who, req)
+    try:
+        return await unless_disconnected(request, service.generate(state, req, ctx))
+    except ClientDisconnected:
+        state.count("aborted")
+        return _closed_response()
 
 
-@router.get("/health", response_model=HealthResponse)
-async def health(runner: Runner, engine: EngineDep) -> HealthResponse:
-    """Cheap liveness and load check; never waits for a generation."""
-    return service.health(runner, engine)
+async def _openai(request: Request, state: State, ctx: Context, who: str, kind: openai_service.Kind,
+                  prep: Prepared) -> Any:
+    ctx.fields.update(prompt_tokens=len(prep.prompt_ids), n=prep.n, stream=prep.stream)
+    check_rate(state, who, prep)
+    ctx.timing.mark("enqueue")
+    if not prep.stream:
+        try:
+            body = await unless_disconnected(request, openai_service.complete(state, kind, prep))
+        except ClientDisconnected:
+            state.count("aborted")
+            return _closed_response()
+        ctx.fields.update(completion_tokens=body["usage"]["completion_tokens"], degraded=body.get("degraded", False))
+        return JSONResponse(body)  # already JSON-ready: skip FastAPI's jsonable_encoder pass
+    events = openai_service.stream(state, kind, prep)
+    try:
+        first = await unless_disconnected(request, events.__anext__())  # errors before the 1st token: real status
+    except (ApiError, ClientDisconnected, StopAsyncIteration) as e:
+        await events.aclose()
+        if isinstance(e, ClientDisconnected):
+            state.count("aborted")
+            return _closed_response()
+        raise
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for chunk in events:
+                yield chunk
+        finally:  # also on client disconnect (Starlette cancels us): aborts the sequences
+            await events.aclose()
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/v1/completions", responses=_ERRORS)
+async def completions(request: Request, body: CompletionRequest, state: State, ctx: Context, who: Caller) -> Any:
+    """OpenAI completions; `stream: true` answers with server-sent events ending in `data: [DONE]`."""
+    chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
+    prep = await prepare_off_loop(prepare_completion, state, body, chars)
+    return await _openai(request, state, ctx, who, "text", prep)
+
+
+@router.post("/v1/chat/completions", responses=_ERRORS)
+async def chat_completions(request: Request, body: ChatCompletionRequest, state: State, ctx: Context,
+                           who: Caller) -> Any:
+    """OpenAI chat completions (the model's chat template, or a plain `role: content` format)."""
+    chars = sum(len(m.content) if isinstance(m.content, str) else 1000 for m in body.messages)
+    prep = await prepare_off_loop(prepare_chat, state, body, chars)
+    return await _openai(request, state, ctx, who, "chat", prep)
+
+
+@router.get("/v1/models", responses=_ERRORS)
+async def models(state: State, who: Caller) -> dict[str, Any]:
+    """The model this server serves."""
+    return service.models(state)
+
+
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}}, dependencies=_OPEN)
+async def health(state: State) -> Any:
+    """Is the engine loop alive and stepping (503 if not), and the load; never waits for a generation."""
+    body, status = service.health(state)
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+@router.get("/ready", dependencies=_OPEN)
+async def ready(state: State) -> Any:
+    """200 when the model is loaded and the server is not draining; 503 otherwise."""
+    body, status = service.ready(state)
+    return JSONResponse(body, status_code=status)
+
+
+@router.get("/metrics", dependencies=_OPEN)
+async def metrics(state: State) -> dict[str, Any]:
+    """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts) and the settings."""
+    s = state.adapter.stats()
+    return {"counters": dict(state.counters), "breaker": state.breaker.state, "in_flight": state.gate.in_flight,
+            "running": s.running, "waiting": s.waiting, "kv_bytes_in_use": s.kv_bytes_in_use,
+            "settings": state.settings()}

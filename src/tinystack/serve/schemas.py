@@ -46,14 +46,17 @@ class GenerateResponse(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     finish_reason: Literal["stop", "length", "cancelled"]
+    degraded: bool = False  # the engine failed and this is the configured fallback answer
     timing: Timing
 
 
 class ErrorDetail(BaseModel):
-    """`type` is the error class (invalid_request_error, timeout_error, server_error); `code` the exact case."""
+    """`type` is the error class (invalid_request_error, timeout_error, ...); `code` the exact case;
+    `param` the request field at fault, when there is one."""
 
     message: str
     type: str
+    param: str | None = None
     code: str
 
 
@@ -64,10 +67,20 @@ class ErrorResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
-    """GET /health. Answered on the event loop, so it stays fast while generations run."""
+    """GET /health: is the engine loop alive and stepping, and how loaded is the server.
 
-    status: Literal["ok"]
-    max_concurrency: int
-    in_flight: int  # generations holding a slot now
-    waiting: int  # requests waiting for a slot
+    Answered on the event loop without waiting for anything; 503 when `status` is not "ok"."""
+
+    status: Literal["ok", "dead", "stalled"]
+    engine_alive: bool
+    last_step_age_s: float  # since the engine last made progress (0 when idle)
+    running: int  # sequences generating
+    waiting: int  # sequences queued in the engine
+    in_flight: int  # sequences admitted by the server (running + queued)
+    capacity: int  # max_num_seqs + max_queued_requests
+    kv_bytes_in_use: int
+    breaker: Literal["closed", "open", "half_open"]
+    engine_restarts: int
+    max_num_seqs: int
     max_seq_len: int
+    draining: bool

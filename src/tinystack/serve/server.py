@@ -1,5 +1,11 @@
 """Running the app with uvicorn: in the foreground (the CLI) or on a background thread (demo, tests).
 
+Graceful shutdown (both ways): on SIGTERM / SIGINT (or leaving `run_in_background`)
+the app's ServerState is marked draining at once, so /ready answers 503; the server
+keeps accepting for `drain_delay_s` (load balancers see /ready fail and move away),
+then stops accepting and gives in-flight requests up to `shutdown_grace_s` to finish
+before it cancels what is left and exits. A second signal exits at once.
+
 `run_in_background` binds the listening socket itself, before uvicorn starts, so with
 `port=0` the real port is known without reading uvicorn's internals, and a port that
 is taken fails at once with a clear error. The server thread is a daemon, so a stuck
@@ -17,9 +23,43 @@ from typing import Any, Iterator
 import uvicorn
 
 
-def serve_forever(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve `app` on host:port until interrupted (Ctrl-C / SIGTERM)."""
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server that marks the app draining on the first exit signal (see the module docstring)."""
+
+    def __init__(self, config: uvicorn.Config, drain_delay_s: float = 0.0) -> None:
+        super().__init__(config)
+        self.drain_delay_s = drain_delay_s
+        self._drain_timer: threading.Timer | None = None
+
+    def mark_draining(self) -> None:
+        state = getattr(getattr(self.config.app, "state", None), "server", None)
+        if state is not None:
+            state.draining = True
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            # uvicorn re-raises the signal after shutting down (exit status -15); a graceful
+            # drain is a normal exit for us, so the process ends with status 0
+            getattr(self, "_captured_signals", []).clear()
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.mark_draining()
+        if self.drain_delay_s > 0 and self._drain_timer is None:
+            self._drain_timer = threading.Timer(self.drain_delay_s, super().handle_exit, args=(sig, frame))
+            self._drain_timer.daemon = True
+            self._drain_timer.start()
+            return
+        super().handle_exit(sig, frame)
+
+
+def serve_forever(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", *,
+                  shutdown_grace_s: float = 10.0, drain_delay_s: float = 0.0) -> None:
+    """Serve `app` on host:port until SIGTERM / Ctrl-C, then drain gracefully (see the module docstring)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=max(1, int(round(shutdown_grace_s))))
+    DrainingServer(config, drain_delay_s).run()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -56,7 +96,7 @@ def run_in_background(app: Any, host: str = "127.0.0.1", port: int = 0, *, start
     actual_port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=max(1, int(shutdown_timeout_s)))
-    server = uvicorn.Server(config)
+    server = DrainingServer(config)
     failure: list[BaseException] = []
 
     def target() -> None:
@@ -78,6 +118,7 @@ def run_in_background(app: Any, host: str = "127.0.0.1", port: int = 0, *, start
             time.sleep(0.01)
         yield _url(host, actual_port)
     finally:
+        server.mark_draining()
         server.should_exit = True
         thread.join(shutdown_timeout_s + 5)
         if thread.is_alive():

@@ -1,43 +1,106 @@
-"""What the routes do, kept out of the route functions: run a validated request, shape the answer.
+"""What the native routes do, kept out of the route functions: /generate, /health, /ready, /v1/models.
 
-    ValidatedRequest -> InferenceRunner.run (slot, worker thread, deadline)
-        ok                 -> GenerateResponse(text, tokens, counts, finish_reason, timing)
-        InferenceTimeout   -> ApiError 504 (the generation was cancelled)
-        PromptTooLongError -> ApiError 400 (normally caught earlier, in validated_request)
-        anything else      -> propagates: RequestContextMiddleware answers a generic 500
+    POST /generate: Prepared -> execution.run (protections, engine) -> GenerateResponse
+        timing: enqueue when admitted to run, start when the engine began the sequence,
+        end at its last token, returned when the answer is built (tinystack.observe)
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from tinystack.infer.engine import PromptTooLongError
+from tinystack.observe.timing import RequestTiming
 from tinystack.serve.context import RequestContext
-from tinystack.serve.deps import ValidatedRequest
-from tinystack.serve.errors import TIMEOUT, ApiError
-from tinystack.serve.runner import InferenceRunner, InferenceTimeout
+from tinystack.serve.execution import Fallback, run
+from tinystack.serve.generation import Delta
+from tinystack.serve.requests import Prepared
 from tinystack.serve.schemas import GenerateResponse, HealthResponse, Timing
+from tinystack.serve.state import ServerState
 
 
-async def generate(req: ValidatedRequest, runner: InferenceRunner, ctx: RequestContext) -> GenerateResponse:
-    """Run one generation and build its response; records counts and finish_reason for the log line."""
-    ctx.fields["prompt"] = req.body.prompt  # dropped by RequestLog unless it was set up with include_text
+class TimingTracker:
+    """Marks start / end on a request's timing from the deltas it receives.
+
+    start = when the engine began the sequence (a TokenEvent's `started_at`, if the
+    adapter knows it), else when the first token arrived; prefill = the engine's
+    `prefill_s`, else start -> first token."""
+
+    def __init__(self, timing: RequestTiming) -> None:
+        self.timing = timing
+        self._started: float | None = None
+        self._prefill_s: float | None = None
+        self._first: float | None = None
+
+    def see(self, item: Delta | Fallback) -> None:
+        if not isinstance(item, Delta):
+            return
+        for ev in item.tokens:
+            if self._first is None:
+                self._first = time.perf_counter()
+            if ev.started_at is not None and self._started is None:
+                self._started, self._prefill_s = ev.started_at, ev.prefill_s
+
+    def done(self) -> None:
+        t, now = self.timing, time.perf_counter()
+        if not t.is_marked("start"):
+            floor = max(t.points.values(), default=now)
+            start = self._started or self._first or now
+            t.mark("start", at=min(max(start, floor), now))
+        if not t.is_marked("end"):
+            t.mark("end", at=max(now, t.points["start"]))
+        start = t.points["start"]
+        prefill_s = self._prefill_s if self._prefill_s is not None else \
+            (max(0.0, self._first - start) if self._first is not None else 0.0)
+        t.prefill_ms = prefill_s * 1e3
+        t.decode_ms = max(0.0, (t.inference_ms or 0.0) - t.prefill_ms)
+
+
+async def generate(state: ServerState, prep: Prepared, ctx: RequestContext) -> GenerateResponse:
+    """Run one /generate request; records counts and finish_reason for the log line."""
+    ctx.fields["prompt"] = prep.prompt  # dropped by RequestLog unless it was set up with include_text
+    ctx.timing.mark("enqueue")
+    tracker = TimingTracker(ctx.timing)
+    text, tokens, finish, degraded = "", [], "length", False
     try:
-        gen = await runner.run(req.body.prompt, req.params, ctx.timing)
-    except InferenceTimeout as e:
-        ctx.fields["timeout_stage"] = e.stage
-        raise ApiError(504, str(e), "timeout", TIMEOUT) from None
-    except PromptTooLongError as e:
-        raise ApiError(400, str(e), "prompt_too_many_tokens") from None
-    ctx.fields.update(completion_tokens=len(gen.token_ids), finish_reason=gen.finish_reason, text=gen.text)
+        async for item in run(state, prep):
+            tracker.see(item)
+            if isinstance(item, Fallback):
+                text, tokens, finish, degraded = item.text, [], "stop", True
+                break
+            text += item.text
+            tokens.extend(ev.token_id for ev in item.tokens)
+            finish = item.finish_reason or finish
+    finally:
+        tracker.done()
+    ctx.fields.update(completion_tokens=len(tokens), finish_reason=finish, text=text, degraded=degraded)
     ctx.mark_returned()
-    return GenerateResponse.model_validate({
-        "text": gen.text, "tokens": list(gen.token_ids), "prompt_tokens": gen.prompt_tokens,
-        "completion_tokens": len(gen.token_ids), "finish_reason": gen.finish_reason,
-        "timing": Timing.model_validate(ctx.timing.to_dict()),
-    })
+    return GenerateResponse(text=text, tokens=tokens, prompt_tokens=len(prep.prompt_ids),
+                            completion_tokens=len(tokens), finish_reason=finish, degraded=degraded,
+                            timing=Timing.model_validate(ctx.timing.to_dict()))
 
 
-def health(runner: InferenceRunner, engine: Any) -> HealthResponse:
-    """Liveness plus load: slots in use and requests waiting."""
-    return HealthResponse(status="ok", max_concurrency=runner.max_concurrency, in_flight=runner.in_flight,
-                          waiting=runner.waiting, max_seq_len=int(getattr(engine, "max_seq_len", 0)))
+def health(state: ServerState) -> tuple[HealthResponse, int]:
+    """Liveness of the engine loop plus load; status 503 when the loop is dead or stalled."""
+    a, s = state.adapter, state.adapter.stats()
+    age = a.last_step_age_s()
+    status = "dead" if not a.is_alive() else ("stalled" if age > state.cfg.stall_timeout_s else "ok")
+    body = HealthResponse(status=status, engine_alive=a.is_alive(), last_step_age_s=round(age, 3), running=s.running,
+                          waiting=s.waiting, in_flight=state.gate.in_flight, capacity=state.gate.capacity,
+                          kv_bytes_in_use=s.kv_bytes_in_use, breaker=state.breaker.state,
+                          engine_restarts=a.restarts, max_num_seqs=s.max_num_seqs, max_seq_len=a.max_seq_len,
+                          draining=state.draining)
+    return body, 200 if status == "ok" else 503
+
+
+def ready(state: ServerState) -> tuple[dict[str, Any], int]:
+    """Model loaded and not draining."""
+    if state.draining:
+        return {"status": "draining"}, 503
+    if not state.adapter.is_alive():
+        return {"status": "engine_down"}, 503
+    return {"status": "ready", "model": state.model_name}, 200
+
+
+def models(state: ServerState) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
+                                        "owned_by": "tinystack", "max_model_len": state.adapter.max_seq_len}]}

@@ -1,0 +1,55 @@
+"""Everything one running server shares between requests, built by the app's lifespan.
+
+    ServerState
+      adapter      the engine behind its adapter (engine_adapter.py)
+      gate         admission: running + queued <= max_num_seqs + max_queued_requests (protect.py)
+      breaker      circuit breaker over engine failures (protect.py)
+      limiter      per-key token buckets (ratelimit.py)
+      keys         API key checker (auth.py)
+      chat         chat template (chat.py)
+      draining     set on SIGTERM: /ready answers 503, the server finishes what it has
+
+It is created inside the server's event loop (asyncio objects bind to it) and
+closed when the server stops, so the same app can be served more than once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinystack.config import ServeConfig
+from tinystack.serve.auth import KeyChecker
+from tinystack.serve.chat import ChatFormatter
+from tinystack.serve.engine_adapter import EngineAdapter
+from tinystack.serve.protect import AdmissionGate, CircuitBreaker
+from tinystack.serve.ratelimit import RateLimiter
+
+
+@dataclass
+class ServerState:
+    cfg: ServeConfig
+    adapter: EngineAdapter
+    gate: AdmissionGate
+    breaker: CircuitBreaker
+    limiter: RateLimiter
+    keys: KeyChecker
+    chat: ChatFormatter
+    model_name: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+    counters: dict[str, int] = field(default_factory=lambda: {"degraded": 0, "engine_failures": 0,
+                                                              "rejected_429": 0, "timeouts": 0, "aborted": 0})
+
+    def count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def settings(self) -> dict[str, Any]:
+        """The protection settings in force (printed at start-up, shown by /health)."""
+        c = self.cfg
+        return {"max_num_seqs": c.max_num_seqs, "max_queued_requests": c.max_queued_requests,
+                "timeout_s": c.timeout_s, "stall_timeout_s": c.stall_timeout_s, "max_body_bytes": c.max_body_bytes,
+                "max_tokens_limit": c.max_tokens_limit, "max_n": c.max_n, "fallback": bool(c.fallback_text),
+                "breaker_failures": c.breaker_failures, "breaker_cooldown_s": c.breaker_cooldown_s,
+                "auth": self.keys.enabled, "rate_limit_rpm": c.rate_limit_rpm, "rate_limit_tpm": c.rate_limit_tpm,
+                "shutdown_grace_s": c.shutdown_grace_s}

@@ -1,0 +1,223 @@
+"""`ThreadedEngineAdapter`: today's batch-1 `tinystack.infer.Engine` behind the EngineAdapter contract.
+
+Each sequence runs the decode loop on its own worker thread, at most `max_num_seqs`
+at once (a ThreadPoolExecutor of that size; more wait in its queue), and hands each
+token to the event loop with `call_soon_threadsafe`. It runs the loop itself
+(prefill, then one token per forward with the engine's KV cache) with the infer
+layer's `sample_batch`, so every SamplingParams knob (penalties, min-p, logprobs)
+works; stop strings are cut by the serving layer (detok.py). "Alive" means the
+thread pool is running; `kill()` fails every live sequence with EngineDead (what a
+crash looks like) and `restart()` starts a fresh pool.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator
+
+import torch
+
+from tinystack.infer.kv_cache import KVCache
+from tinystack.infer.sampler import SampleRow, SamplingParams, sample_batch
+from tinystack.serve.engine_adapter import EngineDead, EngineStats, TokenEvent
+
+
+_END = object()
+
+
+@dataclass(eq=False)
+class _Seq:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    cancel: threading.Event = field(default_factory=threading.Event)
+    started: bool = False  # a worker picked it up (it then removes it from the table itself)
+
+    def push(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop closed (server stopped): nobody is listening
+            self.cancel.set()
+
+
+class ThreadedEngineAdapter:
+    """Today's `Engine` behind the adapter contract (see the module docstring)."""
+
+    def __init__(self, engine: Any, max_num_seqs: int) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_seq_len: int = int(engine.max_seq_len)
+        self.max_num_seqs = max_num_seqs
+        try:
+            self.eos_token_id: int | None = self.tokenizer.eos_token_id
+        except ValueError:
+            self.eos_token_id = None
+        self._lock = threading.Lock()
+        self._seqs: dict[str, _Seq] = {}
+        self._running = 0
+        self._kv_bytes = 0
+        self._last_step = time.monotonic()
+        self._executor: ThreadPoolExecutor | None = None
+        self.restarts = 0
+        self.start()
+
+    # ---------------------------------------------------------------- text
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids (special-token text is plain text); an empty text is the document separator."""
+        ids = self.tokenizer.encode_ordinary(text)
+        return ids or ([self.eos_token_id] if self.eos_token_id is not None else [0])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._executor = ThreadPoolExecutor(self.max_num_seqs, thread_name_prefix="tinystack-seq")
+        self._last_step = time.monotonic()
+
+    def is_alive(self) -> bool:
+        return self._executor is not None
+
+    def last_step_age_s(self) -> float:
+        """Seconds since a sequence last made progress (0 when idle: nothing to make progress on)."""
+        with self._lock:
+            busy = self._running > 0
+        return time.monotonic() - self._last_step if busy else 0.0
+
+    def kill(self, reason: str = "engine loop stopped") -> None:
+        """Stop the engine: every live sequence fails with EngineDead (also how a crash looks)."""
+        executor, self._executor = self._executor, None
+        with self._lock:
+            seqs = list(self._seqs.values())
+        for seq in seqs:
+            seq.cancel.set()
+            seq.push(EngineDead(reason))
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def restart(self) -> None:
+        """Start a fresh engine loop (the watchdog calls this when `is_alive()` is False)."""
+        self.kill("engine restarted")
+        self.restarts += 1
+        self.start()
+
+    def close(self) -> None:
+        self.kill("server stopped")
+
+    # ---------------------------------------------------------------- requests
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(self._running, len(self._seqs) - self._running, self._kv_bytes, self.max_num_seqs)
+
+    def abort(self, request_id: str) -> None:
+        """Stop `request_id` (no-op if unknown): a queued one never starts, a running one stops
+        before its next forward pass and frees its KV cache."""
+        with self._lock:
+            seq = self._seqs.get(request_id)
+        if seq is not None:
+            seq.cancel.set()
+
+    async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        """Tokens of one sequence as they are generated. Closing the iterator early aborts it."""
+        executor = self._executor
+        if executor is None:
+            raise EngineDead("engine loop is not running")
+        seq = _Seq(request_id, list(prompt_ids), params, asyncio.Queue(), asyncio.get_running_loop())
+        with self._lock:
+            if request_id in self._seqs:
+                raise ValueError(f"duplicate request id {request_id!r}")
+            self._seqs[request_id] = seq
+        try:
+            try:
+                executor.submit(self._run, seq)
+            except RuntimeError as e:  # shut down between the check and the submit
+                raise EngineDead("engine loop is not running") from e
+            while True:
+                item = await seq.queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            seq.cancel.set()
+            with self._lock:
+                if self._seqs.get(request_id) is seq and not seq.started:
+                    del self._seqs[request_id]  # never started: the worker will skip it
+
+    # ---------------------------------------------------------------- worker thread
+    def _run(self, seq: _Seq) -> None:
+        with self._lock:
+            if seq.cancel.is_set() or self._seqs.get(seq.request_id) is not seq:  # aborted while queued
+                if self._seqs.get(seq.request_id) is seq:
+                    del self._seqs[seq.request_id]
+                seq.push(_END)
+                return
+            seq.started = True
+            self._running += 1
+        kv_bytes = 0
+        final: Any = _END
+        try:
+            for event in self._decode(seq):
+                if isinstance(event, int):  # the cache was allocated: account for it
+                    kv_bytes = event
+                    with self._lock:
+                        self._kv_bytes += kv_bytes
+                    continue
+                seq.push(event)
+        except BaseException as e:  # the engine failed: the request sees the exception
+            final = e
+        finally:  # counters first, then the last item: whoever sees the end also sees the memory freed
+            with self._lock:
+                self._running -= 1
+                self._kv_bytes -= kv_bytes
+                if self._seqs.get(seq.request_id) is seq:
+                    del self._seqs[seq.request_id]
+            seq.push(final)
+
+    def _decode(self, seq: _Seq):
+        """Prefill, then one token per forward; yields the cache size once, then TokenEvents."""
+        model, p, ids = self.engine.model, seq.params, seq.prompt_ids
+        device = getattr(self.engine, "device", torch.device("cpu"))
+        gen = torch.Generator(device=device)
+        gen.manual_seed(p.seed if p.seed is not None else torch.seed())
+        budget = min(p.max_tokens, self.max_seq_len - len(ids))
+        cache = KVCache.for_model(model.config, batch=1, max_len=len(ids) + budget,
+                                  dtype=next(model.parameters()).dtype, device=device)
+        yield cache.nbytes
+        out: list[int] = []
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            logits, _ = model(torch.tensor([ids], device=device), kv_cache=cache, start_pos=0)
+            prefill_s = time.perf_counter() - t0
+            self._last_step = time.monotonic()
+            while len(out) < budget and not seq.cancel.is_set():
+                tokens, infos = sample_batch(logits[:, -1], [SampleRow(p, gen, ids, out)])
+                token = tokens[0]
+                if (token == self.eos_token_id and not p.ignore_eos) or token in p.stop_token_ids:
+                    return
+                out.append(token)
+                event = self._event(token, infos[0])
+                yield event if out[1:] else replace(event, started_at=t0, prefill_s=prefill_s)
+                if len(out) == budget or seq.cancel.is_set():
+                    return
+                logits, _ = model(torch.tensor([[token]], device=device), kv_cache=cache,
+                                  start_pos=len(ids) + len(out) - 1)
+                self._last_step = time.monotonic()
+
+    @staticmethod
+    def _event(token: int, info: dict | None) -> TokenEvent:
+        if info is None:
+            return TokenEvent(token)
+        top = tuple(sorted(info["top"].items(), key=lambda kv: -kv[1]))
+        return TokenEvent(token, info["logprob"], top)

@@ -1,0 +1,40 @@
+"""The load generator and `tinystack bench serve`: bounded, and its figures add up."""
+import asyncio
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from tinystack.model.io import save_model
+from tinystack.serve.bench import run_load, summary
+from tinystack.serve.commands import bench_serve
+
+
+def test_closed_loop_and_poisson_loads_report_consistent_figures(serve, engine):
+    served = serve(engine, max_num_seqs=2, max_queued_requests=64)
+
+    def body(i):
+        return {"prompt": f"return the {i}", "max_tokens": 5, "ignore_eos": True}
+
+    for rate in (None, 50.0):
+        results, elapsed = asyncio.run(run_load(served.url, body, concurrency=3, num_requests=9, rate=rate))
+        s = summary(results, elapsed)
+        assert s["requests"] == s["ok"] == 9 and s["errors"] == {}
+        assert sum(r.output_tokens for r in results) == 45
+        assert abs(s["output_tokens_per_s"] * elapsed - 45) < 0.1  # rounded to 0.01 tokens/s
+        assert 0 < s["ttft_ms"]["p50"] <= s["e2e_ms"]["p50"] and s["e2e_ms"]["p50"] <= s["e2e_ms"]["p99"]
+        assert s["tpot_ms"]["p50"] > 0
+
+
+def test_bench_serve_command_against_a_model_dir(tmp_path, tokenizer, tiny_model):
+    model_dir = tmp_path / "model"
+    save_model(tiny_model, model_dir, eos_token_id=tokenizer.eos_token_id)
+    tokenizer.save(model_dir)
+    app = typer.Typer()
+    app.command()(bench_serve)
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["--model", str(model_dir), "--batching", "continuous", "--max-num-seqs", "4",
+                                 "--concurrency", "1,4", "--requests", "6", "--max-tokens", "4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["concurrency"] for row in rows] == [1, 4] and all(row["ok"] == 6 for row in rows)

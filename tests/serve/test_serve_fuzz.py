@@ -1,0 +1,52 @@
+"""Bad-input fuzzing: schemathesis generates requests from the server's own OpenAPI schema
+(valid bodies, and invalid ones: wrong types, missing fields, out-of-range values) and sends
+them to the real uvicorn server. No answer may be a 5xx, and every error has the OpenAI shape.
+
+(The operations are driven with hypothesis directly: schemathesis' pytest plugin does not
+load under pytest 9.)
+"""
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+EXAMPLES = 20  # per operation and mode: ~ (6 + 3) operations x 20 = 180 requests
+
+
+@pytest.fixture
+def fuzz_target(serve, engine):
+    served = serve(engine, max_tokens_limit=8, default_max_tokens=4, max_n=2, timeout_s=5)
+    return served.url, schemathesis.openapi.from_url(f"{served.url}/openapi.json")
+
+
+@pytest.mark.parametrize("mode", list(schemathesis.GenerationMode), ids=lambda m: m.value)
+def test_no_5xx_and_openai_error_shape(fuzz_target, mode):
+    url, schema = fuzz_target
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 6
+    seen: dict[int, int] = {}
+    for op in operations:
+        if mode == schemathesis.GenerationMode.NEGATIVE and op.method.upper() != "POST":
+            continue  # a GET without parameters has no invalid form
+        @given(case=op.as_strategy(generation_mode=mode))
+        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def check(case):
+            response = case.call(base_url=url, timeout=20)
+            seen[response.status_code] = seen.get(response.status_code, 0) + 1
+            own_deadline = isinstance(case.body, dict) and case.body.get("timeout") is not None
+            if response.status_code == 504 and own_deadline:
+                return  # the request chose a deadline too short to generate in: 504 is the documented answer
+            assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+            if response.status_code >= 400:
+                assert set(response.json()["error"]) == ERROR_KEYS, response.text[:300]
+
+        check()
+    if mode == schemathesis.GenerationMode.NEGATIVE:
+        assert any(400 <= s < 500 for s in seen), seen  # the bad input was really sent and refused
+
+
+def test_schema_lists_every_endpoint(serve, engine):
+    served = serve(engine)
+    paths = httpx.get(f"{served.url}/openapi.json", timeout=5).json()["paths"]
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/generate", "/health", "/ready"} <= set(paths)

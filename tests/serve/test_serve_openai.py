@@ -1,0 +1,124 @@
+"""The official `openai` client against the real server: completions and chat, streaming and not."""
+import json
+
+import httpx
+import openai
+import pytest
+
+PROMPT = "return the number of"
+
+
+@pytest.fixture(params=["engine", "async_engine"])
+def served(request, serve):
+    """The batch-1 Engine (threads) and the continuous-batching AsyncEngine: same answers expected."""
+    return serve(request.getfixturevalue(request.param), model_name="tiny", max_n=4)
+
+
+@pytest.fixture
+def client(served):
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=10) as c:
+        yield c
+
+
+def test_models_lists_the_served_model(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_completion_text_usage_and_determinism(client, tokenizer):
+    a = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0.8, seed=5)
+    b = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0.8, seed=5)
+    assert a.object == "text_completion" and a.model == "tiny"
+    assert a.choices[0].text == b.choices[0].text
+    assert a.choices[0].finish_reason in ("stop", "length")
+    prompt_tokens = len(tokenizer.encode_ordinary(PROMPT))
+    assert a.usage.prompt_tokens == prompt_tokens
+    completion_ids = tokenizer.encode_ordinary(a.choices[0].text)
+    assert a.usage.completion_tokens <= 8 and a.usage.total_tokens == prompt_tokens + a.usage.completion_tokens
+    if a.choices[0].finish_reason == "length":
+        assert a.usage.completion_tokens == 8
+    assert tokenizer.decode(completion_ids) == a.choices[0].text
+
+
+def test_streamed_completion_equals_the_whole_one_and_reports_usage(client):
+    whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0, n=1)
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_whole_and_streamed(client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "return the"}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    msg = whole.choices[0].message
+    assert whole.object == "chat.completion" and msg.role == "assistant" and isinstance(msg.content, str)
+    assert whole.usage.prompt_tokens > 0 and whole.usage.completion_tokens <= 8
+    stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == msg.content
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_n_choices_stop_and_logprobs(client):
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, n=3, seed=1, temperature=1.0,
+                                  logprobs=2)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    for c in r.choices:
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs)
+        assert "".join(lp.tokens) == c.text
+        assert all(v <= 0 for v in lp.token_logprobs)
+        assert all(len(top) <= 2 for top in lp.top_logprobs)
+    assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r.choices)
+    # stop: the text ends before the first occurrence of the stop string
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0).choices[0].text
+    if len(full) > 3:
+        stop = full[2:4]
+        cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0, stop=[stop])
+        assert cut.choices[0].text == full[:full.index(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+
+
+def test_chat_logprobs_and_extras(client):
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                       logprobs=True, top_logprobs=3, temperature=0.7, seed=2,
+                                       extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.3})
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    assert all(len(t.top_logprobs) == 3 for t in content)
+
+
+def test_errors_have_the_openai_shape_and_numbers(client, served):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=60)
+    err = e.value.body
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert "64" in err["message"] and "60" in err["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="tiny", prompt=PROMPT, temperature=3.0)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt=PROMPT, n=5)  # max_n = 4
+    r = httpx.post(f"{served.url}/v1/chat/completions", content=b'{"messages": [', timeout=5,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_chat_template_from_tokenizer_config(serve, engine, tmp_path):
+    template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    served = serve(engine, model_dir=tmp_path)
+    assert served.state.chat.render([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
+    r = httpx.post(f"{served.url}/v1/chat/completions", timeout=10,
+                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == len(engine.tokenizer.encode_ordinary("<user>hi<assistant>"))
+    assert r.json()["model"] == tmp_path.name
