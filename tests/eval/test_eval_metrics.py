@@ -41,3 +41,12 @@ def test_windows_are_non_overlapping_and_thinned_evenly():
 def test_too_few_tokens_is_a_clear_error():
     with pytest.raises(ValueError, match="need more than block_size=8"):
         evaluate_tokens(_uniform_model(), np.zeros(8, dtype=np.uint16), np.ones(37))
+
+
+def test_accuracy_of_uniform_logits_is_the_share_of_token_zero():
+    """All-zero logits: argmax is always id 0, so accuracy = share of targets equal to 0."""
+    vocab, block = 5, 8
+    tokens = np.random.default_rng(2).integers(0, vocab, 300).astype(np.uint16)
+    m = evaluate_tokens(_uniform_model(vocab, block), tokens, np.ones(vocab, dtype=np.int64))
+    scored = np.concatenate([tokens[s + 1:s + block + 1] for s in window_starts(len(tokens), block)])
+    assert m["accuracy"] == pytest.approx(float((scored == 0).mean()))

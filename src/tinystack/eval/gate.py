@@ -1,0 +1,72 @@
+"""The regression gate on model directories: run a case file on NEW (and BASELINE), compare.
+
+`run_regression` is what `tinystack eval regress` and the pipeline's regression stage
+call; its `summary.regressed` decides the exit status of the command.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from tinystack.atomic import read_json
+from tinystack.config import EvalConfig
+from tinystack.eval.offline import read_splits, window_metrics
+from tinystack.eval.regression import Case, build_cases, compare, compare_metrics, run_cases
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The model directory's tokenizer, whichever kind (BPE or char) tokenizer.json holds."""
+    from tinystack.tokenizer import load_tokenizer as load
+
+    return load(model_dir)
+
+
+def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) of a model directory."""
+    from tinystack.model.io import load_model
+
+    return load_model(model_dir, device=device), load_tokenizer(model_dir)
+
+
+def build_heldout_cases(model_dir: Path, data_dir: Path, n_cases: int) -> list[Case]:
+    """Cases from the val and test splits; the bar is ln(vocab), the loss of a uniform guess."""
+    tok = load_tokenizer(model_dir)
+    hf = read_json(model_dir / "config.json")  # GPT-2 calls the context n_positions, Llama max_position_embeddings
+    context = hf.get("n_positions") or hf.get("max_position_embeddings") or 128
+    records = [r for split in read_splits(data_dir).values() for r in split]
+    return build_cases(records, n_cases, math.log(tok.vocab_size), tokenizer=tok, max_target_tokens=context // 2)
+
+
+def run_regression(model_dir: Path, cases: Sequence[Case], baseline_dir: Path | None = None, *,
+                   tolerance: float = 0.05, device: str = "cpu", data_dir: Path | None = None,
+                   metric_tolerance: float = 0.01, eval_cfg: EvalConfig | None = None) -> dict[str, Any]:
+    """{"model", "new": per-case results, "baseline"?, "rows"?, "summary"}.
+
+    With a baseline, `rows` compares every case, plus (with `data_dir`) the val/test bits
+    per byte on fixed windows, gated at `metric_tolerance`. Without one the summary only
+    counts passes, and `regressed` is True when any case fails its own threshold.
+    """
+    model, tok = load_model_dir(model_dir, device)
+    new = run_cases(model, tok, cases, device)
+    out: dict[str, Any] = {"model": str(model_dir), "new": new}
+    if baseline_dir is None:
+        out["summary"] = {"new_passed": new["passed"], "total": new["total"], "new_mean_loss": new["mean_loss"],
+                          "regressed": new["passed"] < new["total"], "baseline": None}
+        return out
+    base_model, base_tok = load_model_dir(baseline_dir, device)
+    base = run_cases(base_model, base_tok, cases, device)
+    cmp = compare(new, base, cases, tolerance)
+    rows, summary = cmp["rows"], {**cmp["summary"], "baseline": str(baseline_dir)}
+    if data_dir is not None:
+        cfg, records = eval_cfg or EvalConfig(), read_splits(data_dir)
+        metrics = [window_metrics(m, t, cfg, records=records, device=device, progress=False)
+                   for m, t in ((model, tok), (base_model, base_tok))]
+        metric_rows = compare_metrics(*metrics, tolerance=metric_tolerance)
+        rows = rows + metric_rows
+        for verdict in ("better", "worse", "same"):
+            summary[verdict] += sum(r["verdict"] == verdict for r in metric_rows)
+        summary["metrics_worse"] = sum(r["verdict"] == "worse" for r in metric_rows)
+        summary["regressed"] = summary["regressed"] or summary["metrics_worse"] > 0
+    out.update(baseline=base, rows=rows, summary=summary)
+    return out

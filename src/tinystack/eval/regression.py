@@ -1,0 +1,191 @@
+"""The regression set: prompts with expectations, run on a model and compared with a baseline.
+
+A case is one JSON line:
+
+    {"id": "val-3", "prompt": "Return the", "expect": "max_loss", "target": " number of items",
+     "threshold": 5.5, "max_tokens": 32, "tolerance": 0.05}
+
+    expect        passes when                                         score (lower = better)
+    exact         the greedy continuation starts with `target`        0 pass / 1 fail
+    contains      `target` occurs in the greedy continuation          0 / 1
+    regex         re.search(target, greedy continuation) matches      0 / 1
+    max_loss      mean nats/token of `target` after `prompt` <= threshold   that mean loss
+    min_logprob   total log-probability of `target` >= threshold             that mean loss
+
+Loss-type cases score as mean nats per target token, so `tolerance` (nats/token)
+means the same for both. Comparing a NEW model with a BASELINE, a case *regresses*
+when it passed on the baseline and fails on the new model, or when its score got
+worse by more than its tolerance; the mean score of the loss-type cases is gated
+the same way. Greedy decoding and fixed prompts make a run deterministic.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from tinystack.atomic import atomic_open
+from tinystack.eval.generation import complete
+from tinystack.eval.scoring import target_nats
+from tinystack.model.gpt import GPT
+
+KINDS = ("exact", "contains", "regex", "max_loss", "min_logprob")
+LOSS_KINDS = ("max_loss", "min_logprob")
+
+
+@dataclass
+class Case:
+    id: str
+    prompt: str
+    expect: str
+    target: str
+    threshold: float | None = None  # max_loss / min_logprob only
+    max_tokens: int = 32  # generation length for exact / contains / regex
+    tolerance: float | None = None  # None: the run's default
+
+    def __post_init__(self) -> None:
+        if self.expect not in KINDS:
+            raise ValueError(f"case {self.id}: expect must be one of {KINDS}, got {self.expect!r}")
+        if self.expect in LOSS_KINDS and self.threshold is None:
+            raise ValueError(f"case {self.id}: expect={self.expect} needs a threshold")
+        if not self.target:
+            raise ValueError(f"case {self.id}: empty target")
+        if self.expect == "regex":
+            re.compile(self.target)
+
+
+def load_cases(path: str | Path) -> list[Case]:
+    cases = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    d = json.loads(line)
+                    d.setdefault("id", f"line-{n}")
+                    cases.append(Case(**d))
+                except (json.JSONDecodeError, TypeError, ValueError, re.error) as e:
+                    raise ValueError(f"{path}:{n}: bad case: {e}") from None
+    ids = [c.id for c in cases]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate case ids")
+    return cases
+
+
+def write_cases(path: str | Path, cases: Sequence[Case]) -> None:
+    with atomic_open(path) as f:
+        for c in cases:
+            f.write(json.dumps({k: v for k, v in asdict(c).items() if v is not None}, ensure_ascii=False) + "\n")
+
+
+def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: float, *, prompt_chars: int = 120,
+                target_chars: int = 40, prefix: str = "heldout", tokenizer: Any = None,
+                max_target_tokens: int = 0) -> list[Case]:
+    """max_loss cases from held-out records: the start of a document as prompt, what follows as target.
+
+    Records are taken evenly spaced (deterministic); the cut falls on a space so the
+    target starts a word. `threshold` is the loss a case must beat (e.g. ln(vocab), a
+    uniform guess). With a tokenizer, targets are shortened to `max_target_tokens`
+    tokens so they fit the model's context.
+    """
+    usable = [r for r in records if len(r["text"]) >= 2 * target_chars]
+    if not usable or n_cases <= 0:
+        return []
+    picks = np.unique(np.linspace(0, len(usable) - 1, min(n_cases, len(usable))).round().astype(int))
+    cases = []
+    for i in picks:
+        text = usable[i]["text"]
+        cut = min(prompt_chars, len(text) - target_chars)
+        space = text.rfind(" ", max(1, cut // 2), cut)
+        cut = space if space > 0 else cut
+        target = text[cut:cut + target_chars]
+        while tokenizer is not None and len(target) > 1 and len(tokenizer.encode_ordinary(target)) > max_target_tokens:
+            target = target[:-1]
+        cid = f"{prefix}-{usable[i].get('id', i)}"
+        cid = cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique
+        cases.append(Case(id=cid, prompt=text[:cut],
+                          expect="max_loss", target=target, threshold=round(threshold, 4)))
+    return cases
+
+
+def run_case(model: GPT, tokenizer: Any, case: Case, device: str = "cpu") -> dict[str, Any]:
+    """{id, expect, passed, score, detail} for one case on one model."""
+    if case.expect in LOSS_KINDS:
+        context = [tokenizer.eos_token_id, *tokenizer.encode_ordinary(case.prompt)]
+        nats = target_nats(model, context, tokenizer.encode_ordinary(case.target), device=device)
+        loss, logprob = float(nats.mean()), -float(nats.sum())
+        passed = loss <= case.threshold if case.expect == "max_loss" else logprob >= case.threshold
+        return {"id": case.id, "expect": case.expect, "passed": bool(passed), "score": loss,
+                "detail": {"loss": loss, "logprob": logprob, "target_tokens": len(nats)}}
+    text, _ = complete(model, tokenizer, case.prompt, max_tokens=case.max_tokens, temperature=0.0, device=device)
+    if case.expect == "exact":
+        passed = text.startswith(case.target)
+    elif case.expect == "contains":
+        passed = case.target in text
+    else:
+        passed = re.search(case.target, text) is not None
+    return {"id": case.id, "expect": case.expect, "passed": bool(passed), "score": 0.0 if passed else 1.0,
+            "detail": {"completion": text}}
+
+
+def run_cases(model: GPT, tokenizer: Any, cases: Sequence[Case], device: str = "cpu") -> dict[str, Any]:
+    results = [run_case(model, tokenizer, c, device) for c in cases]
+    losses = [r["score"] for r in results if r["expect"] in LOSS_KINDS]
+    return {"cases": results, "passed": sum(r["passed"] for r in results), "total": len(results),
+            "mean_loss": float(np.mean(losses)) if losses else None}
+
+
+def compare(new: dict[str, Any], baseline: dict[str, Any], cases: Sequence[Case],
+            tolerance: float = 0.05) -> dict[str, Any]:
+    """Case-by-case table of NEW vs BASELINE; `regressed` is True when anything got worse beyond tolerance."""
+    base_by_id = {r["id"]: r for r in baseline["cases"]}
+    rows = []
+    for case, r in zip(cases, new["cases"]):
+        b = base_by_id[case.id]
+        tol = case.tolerance if case.tolerance is not None else tolerance
+        delta = r["score"] - b["score"]
+        if b["passed"] and not r["passed"]:
+            verdict = "worse"
+        elif not b["passed"] and r["passed"]:
+            verdict = "better"
+        elif delta > tol:
+            verdict = "worse"
+        elif delta < -tol:
+            verdict = "better"
+        else:
+            verdict = "same"
+        rows.append({"id": case.id, "expect": case.expect, "baseline": b["score"], "new": r["score"],
+                     "delta": delta, "baseline_passed": b["passed"], "new_passed": r["passed"],
+                     "tolerance": tol, "verdict": verdict})
+    summary = {"baseline_passed": baseline["passed"], "new_passed": new["passed"], "total": new["total"]}
+    mean_delta = None
+    if new["mean_loss"] is not None and baseline["mean_loss"] is not None:
+        mean_delta = new["mean_loss"] - baseline["mean_loss"]
+        summary.update(baseline_mean_loss=baseline["mean_loss"], new_mean_loss=new["mean_loss"],
+                       mean_loss_delta=mean_delta)
+    worse = [r["id"] for r in rows if r["verdict"] == "worse"]
+    mean_worse = mean_delta is not None and mean_delta > tolerance
+    summary.update(better=sum(r["verdict"] == "better" for r in rows), worse=len(worse),
+                   same=sum(r["verdict"] == "same" for r in rows), mean_loss_regressed=bool(mean_worse),
+                   regressed=bool(worse) or bool(mean_worse), tolerance=tolerance)
+    return {"rows": rows, "summary": summary}
+
+
+def compare_metrics(new: dict[str, Any], baseline: dict[str, Any], tolerance: float = 0.01,
+                    metric: str = "bits_per_byte") -> list[dict[str, Any]]:
+    """Split-level rows (val/test `metric`, lower = better); bits per byte by default because it
+    stays comparable when NEW and BASELINE use different tokenizers."""
+    rows = []
+    for split in ("val", "test"):
+        n, b = new.get(split, {}), baseline.get(split, {})
+        if metric not in n or metric not in b:
+            continue
+        delta = n[metric] - b[metric]
+        verdict = "worse" if delta > tolerance else "better" if delta < -tolerance else "same"
+        rows.append({"id": f"{split} {metric}", "expect": "metric", "baseline": b[metric], "new": n[metric],
+                     "delta": delta, "baseline_passed": True, "new_passed": verdict != "worse",
+                     "tolerance": tolerance, "verdict": verdict})
+    return rows

@@ -1,0 +1,34 @@
+"""Generation checks: distinct-n and repetition rate by hand, and a looping model is flagged."""
+import pytest
+import torch
+
+from tinystack.eval.generation import distinct_n, generation_checks, repetition_rate
+from tinystack.model import GPT, GPTConfig
+from tinystack.tokenizer import BPETokenizer
+
+
+def test_distinct_n_and_repetition_rate_by_hand():
+    assert distinct_n([[1, 2, 3], [1, 2, 4]], 1) == pytest.approx(4 / 6)
+    assert distinct_n([[1, 2, 3], [1, 2, 4]], 2) == pytest.approx(3 / 4)  # (1,2) twice, (2,3), (2,4)
+    assert repetition_rate([1, 2, 3, 4, 5], n=2) == 0.0
+    assert repetition_rate([7, 7, 7, 7, 7], n=2) == pytest.approx(3 / 4)  # all but the first bigram repeat
+    assert repetition_rate([1, 2, 1, 2, 1, 2], n=2) == pytest.approx(3 / 5)  # (1,2),(2,1) new, then 3 repeats
+    assert repetition_rate([1, 2], n=4) == 0.0
+
+
+def test_a_model_that_repeats_one_token_is_flagged_as_looping():
+    tok = BPETokenizer.train(["abc abd abe"] * 3, vocab_size=258)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=1, n_embd=8))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        # zero ln_f gain: its output is its bias e_0 at every position, so the logits (tied head)
+        # are wte[:, 0]: 1 for the byte "x", 0 for everything else -> greedy says "x" forever
+        model.transformer.ln_f.bias[0] = 1.0
+        model.transformer.wte.weight[ord("x"), 0] = 1.0
+    res = generation_checks(model, tok, ["ab", "abc"], max_tokens=12)
+    greedy = res["greedy"]
+    assert all(s["completion"] == "x" * 12 for s in greedy["samples"])
+    assert greedy["looping"] == 2 and greedy["mean_repetition_rate"] > 0.5
+    assert greedy["distinct_1"] == pytest.approx(1 / 24)
+    assert res["sampled"]["samples"][0]["tokens"] > 0

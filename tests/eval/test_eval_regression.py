@@ -1,0 +1,123 @@
+"""The regression gate: passes on the same model, fails on a model made worse on purpose; case semantics."""
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tinystack.eval.commands import app
+from tinystack.eval.gate import run_regression
+from tinystack.eval.regression import Case, build_cases, load_cases, run_case, write_cases
+from tinystack.model.io import load_model, save_model
+from tinystack.tokenizer import BPETokenizer
+
+
+def _cases(toy_doc):
+    import random
+
+    rng = random.Random(7)
+    records = [{"text": toy_doc(rng, 4), "id": f"d{i}"} for i in range(10)]
+    cases = build_cases(records, 6, threshold=math.log(300))
+    cases.append(Case(id="greedy-the", prompt="the big cat sees", expect="regex", target=r"\bthe\b"))
+    return cases
+
+
+@pytest.fixture
+def perturbed_dir(toy_model_dir, tmp_path):
+    model = load_model(toy_model_dir)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    out = tmp_path / "perturbed"
+    save_model(model, out, eos_token_id=BPETokenizer.load(toy_model_dir).eos_token_id)
+    shutil.copy(toy_model_dir / "tokenizer.json", out / "tokenizer.json")
+    return out
+
+
+def test_built_cases_are_valid_and_the_trained_model_passes_them(toy_model_dir, toy_rng_doc, tmp_path):
+    cases = _cases(toy_rng_doc[0])
+    assert len(cases) == 7
+    for c in cases[:-1]:
+        assert c.expect == "max_loss" and c.target and c.prompt.endswith(c.prompt.rstrip())
+    write_cases(tmp_path / "cases.jsonl", cases)
+    assert load_cases(tmp_path / "cases.jsonl") == cases
+    result = run_regression(toy_model_dir, cases)
+    assert result["summary"]["new_passed"] == len(cases), result["new"]["cases"]
+
+
+def test_gate_passes_on_the_same_model_and_fails_on_a_perturbed_one(toy_model_dir, perturbed_dir, toy_rng_doc):
+    cases = _cases(toy_rng_doc[0])
+    same = run_regression(toy_model_dir, cases, toy_model_dir)
+    assert not same["summary"]["regressed"]
+    assert all(r["verdict"] == "same" and r["delta"] == 0 for r in same["rows"])
+    worse = run_regression(perturbed_dir, cases, toy_model_dir)
+    assert worse["summary"]["regressed"] and worse["summary"]["mean_loss_delta"] > 0.05
+    assert worse["summary"]["worse"] >= 1
+    # the other way round the perturbed model is the baseline: nothing got worse
+    better = run_regression(toy_model_dir, cases, perturbed_dir)
+    assert not better["summary"]["regressed"] and better["summary"]["better"] >= 1
+
+
+def test_regress_command_exit_status(toy_model_dir, perturbed_dir, toy_rng_doc, tmp_path):
+    write_cases(tmp_path / "cases.jsonl", _cases(toy_rng_doc[0]))
+    runner = CliRunner()
+    args = ["regress", "--cases", str(tmp_path / "cases.jsonl"), "--baseline", str(toy_model_dir)]
+    ok = runner.invoke(app, [*args, "--model", str(toy_model_dir), "--out", str(tmp_path / "r.json")])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["regressed"] is False
+    bad = runner.invoke(app, [*args, "--model", str(perturbed_dir)])
+    assert bad.exit_code == 1, bad.output
+    assert "worse" in bad.output and "REGRESSED" in bad.output
+    # a huge tolerance forgives score drifts, but never a case that passed before and fails now
+    loose = runner.invoke(app, [*args, "--model", str(perturbed_dir), "--tolerance", "100",
+                                "--out", str(tmp_path / "loose.json")])
+    rows = json.loads((tmp_path / "loose.json").read_text())["rows"]
+    flips = [r for r in rows if r["baseline_passed"] and not r["new_passed"]]
+    assert all(r["verdict"] == ("worse" if r in flips else "same") for r in rows)
+    assert loose.exit_code == (1 if flips else 0)
+
+
+def test_case_kinds(toy_model_dir):
+    model, tok = load_model(toy_model_dir), BPETokenizer.load(toy_model_dir)
+    greedy = run_case(model, tok, Case(id="g", prompt="the big cat", expect="contains", target="zzz"))
+    text = greedy["detail"]["completion"]
+    assert not greedy["passed"] and greedy["score"] == 1.0 and len(text) > 6, text
+    assert run_case(model, tok, Case(id="e", prompt="the big cat", expect="exact", target=text[:5]))["passed"]
+    assert run_case(model, tok, Case(id="c", prompt="the big cat", expect="contains", target=text[2:6]))["passed"]
+    lp = run_case(model, tok, Case(id="l", prompt="the big cat sees", expect="min_logprob", target=" the",
+                                   threshold=-1e9))
+    assert lp["passed"] and lp["detail"]["logprob"] == pytest.approx(-lp["score"] * lp["detail"]["target_tokens"])
+    strict = run_case(model, tok, Case(id="m", prompt="the big cat sees", expect="max_loss", target=" the",
+                                       threshold=lp["score"] - 1e-6))
+    assert not strict["passed"]
+
+
+@pytest.mark.parametrize("bad", [dict(expect="nope"), dict(expect="max_loss"), dict(expect="regex", target="(")])
+def test_invalid_cases_are_rejected(bad):
+    kw = {"id": "x", "prompt": "p", "expect": "contains", "target": "t", **bad}
+    with pytest.raises(Exception):
+        Case(**kw)
+
+
+def test_split_metrics_gate_with_data(toy_model_dir, perturbed_dir, planted_data_dir, toy_rng_doc):
+    cases = _cases(toy_rng_doc[0])[:2]
+    same = run_regression(toy_model_dir, cases, toy_model_dir, data_dir=planted_data_dir)
+    metric_rows = [r for r in same["rows"] if r["expect"] == "metric"]
+    assert [r["id"] for r in metric_rows] == ["val bits_per_byte", "test bits_per_byte"]
+    assert all(r["delta"] == 0 and r["verdict"] == "same" for r in metric_rows)
+    assert not same["summary"]["regressed"]
+    worse = run_regression(perturbed_dir, cases, toy_model_dir, data_dir=planted_data_dir, tolerance=1e9)
+    assert worse["summary"]["metrics_worse"] == 2 and worse["summary"]["regressed"]
+
+
+def test_bad_case_file_names_the_line(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"prompt": "a", "expect": "contains", "target": "b"}\n{"prompt": "a", "expect": "max_loss", "target": "b"}\n')
+    with pytest.raises(ValueError, match=r"c.jsonl:2: bad case: .*needs a threshold"):
+        load_cases(path)
+    path.write_text('{"prompt": "a", "expect": "contains", "target": "b", "colour": 1}\n')
+    with pytest.raises(ValueError, match=r"c.jsonl:1: bad case"):
+        load_cases(path)
