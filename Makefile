@@ -14,11 +14,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,dist]"
 	touch $@
 
 setup: $(VENV)/.installed
-setup-dev: $(VENV)/.installed-dev
+setup-dev: $(VENV)/.installed-dev  # [dev] = tests + reference libraries, [dist] = Ray
 
 demo: setup
 	$(VENV)/bin/tinystack run $(ARGS)

@@ -1,4 +1,4 @@
-"""The one command line: `tinystack run | data | tokenizer | train | eval | generate | serve | bench`.
+"""The one command line: `tinystack run | data | tokenizer | train | eval | generate | serve | bench | hash-key`.
 
 Each layer keeps its own subcommands in `<layer>/commands.py`; this file only
 assembles them. Every subcommand takes `--config FILE.toml` and repeatable
@@ -20,9 +20,9 @@ import typer
 from tinystack.cli_options import ConfigOpt, SetOpt, resolve_config
 from tinystack.config import ConfigError
 from tinystack.data.commands import app as data_app
-from tinystack.eval.commands import evaluate
+from tinystack.eval.commands import app as eval_app
 from tinystack.infer.commands import bench, generate
-from tinystack.serve.commands import serve
+from tinystack.serve.commands import bench_serve, hash_key, serve
 from tinystack.tokenizer.commands import app as tokenizer_app
 from tinystack.train.commands import train
 
@@ -45,10 +45,15 @@ def run(config: ConfigOpt = None,
 app.add_typer(data_app, name="data")
 app.add_typer(tokenizer_app, name="tokenizer")
 app.command("train")(train)
-app.command("eval")(evaluate)
+app.add_typer(eval_app, name="eval")
 app.command("generate")(generate)
 app.command("serve")(serve)
-app.command("bench")(bench)
+app.command("hash-key")(hash_key)
+
+bench_app = typer.Typer(no_args_is_help=True, help="Measure: KV-cache decode speed, or a server under load.")
+bench_app.command("kv")(bench)
+bench_app.command("serve")(bench_serve)
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

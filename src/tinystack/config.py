@@ -36,12 +36,40 @@ class DataConfig:
     test_fraction: float = 0.05
     val_from: str = ""  # ISO timestamps (split_by=time): [val_from, test_from) -> val, >= test_from -> test
     test_from: str = ""
+    # field mapping for inputs with another schema (JSONL / CSV / Parquet)
+    text_field: str = "text"
+    source_field: str = "source"
+    id_field: str = "id"
+    label_field: str = "label"
+    timestamp_field: str = "timestamp"
+    # quality filters (tinystack.data.filters); perplexity runs only with a reference set
+    quality: bool = True
+    min_words: int = 3  # CJK characters count as words
+    scripts: list[str] = field(default_factory=lambda: ["latin", "cjk"])
+    min_script_ratio: float = 0.5  # share of letters in `scripts`
+    max_symbol_ratio: float = 0.25
+    max_digit_ratio: float = 0.3
+    repetition: bool = True  # Gopher duplicate-line / top n-gram rules
+    perplexity_reference: list[str] = field(default_factory=list)  # JSONL/text inputs the char LM is trained on
+    perplexity_percentile: float = 99.0  # drop above this percentile of held-out reference perplexity
+    # near dedup (MinHash-LSH) and cross-split leakage
+    near_dedup: bool = True
+    dedup_threshold: float = 0.85  # Jaccard of character shingles
+    num_perm: int = 128
+    shingle_k: int = 3
+    shingle_unit: str = "char"  # "char" | "word"
+    leakage_threshold: float = 0.85  # val/test records this close to train (or test to val) are removed; 0 = off
+    workers: int = 1  # processes for signatures
+    engine: str = "local"  # "local" | "ray"
+    ray_address: str = "local"  # "local" starts Ray here; "auto" joins a running cluster
 
 
 @dataclass
 class TokenizerConfig:
-    vocab_size: int = 2048
+    kind: str = "bpe"  # "bpe" (byte-level BPE) | "char" (one token per character of the train text)
+    vocab_size: int = 2048  # bpe only
     max_train_chars: int = 2_000_000  # BPE is trained on at most this much of the train split
+    position_split: float = 0.0  # > 0: re-split ALL text by position, this last fraction -> val (and test)
 
 
 @dataclass
@@ -67,22 +95,85 @@ class TrainConfig:
     eval_interval: int = 250
     eval_iters: int = 20
     seed: int = 1337
+    backend: str = "torch"  # "torch" | "numpy" (the hand-written backward of tinystack.nn)
+    dtype: str = "float32"  # "float32" | "bfloat16" (autocast, CPU/CUDA) | "float16" (CUDA + GradScaler) | "float64"
+    grad_accum_steps: int = 1  # micro-batches of batch_size per optimiser step (per rank)
+    compile: bool = False  # torch.compile the model
+    ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end
+    plot: bool = True  # write a PNG loss curve beside the training log
+    threads: int = 1  # torch intra-op threads (0 = torch's default); on the shared 2-core machine 2 threads ran 10-25x slower
 
 
 @dataclass
 class EvalConfig:
     max_windows: int = 256  # deterministic non-overlapping windows per split (0 = all)
     batch_size: int = 16
+    max_docs: int = 1000  # documents per split scored one by one for the slices (evenly spaced; 0 = all)
+    length_buckets: list[int] = field(default_factory=lambda: [32, 128, 512])  # bucket edges, in tokens
+    worst_k: int = 10  # bad cases listed per split
+    near_dup_threshold: float = 0.8  # MinHash Jaccard at which a held-out document counts as leaked
+    gen_prompts: list[str] = field(default_factory=list)  # generation checks; empty = run.demo_prompts
+    gen_max_tokens: int = 32
+    regression_cases: int = 16  # cases `tinystack run` builds from the held-out split
+    regression_tolerance: float = 0.05  # nats/token a case may worsen before it counts as a regression
+    baseline: str = ""  # model directory `tinystack run` gates the regression set against ("" = none)
+    threads: int = 1  # torch intra-op threads while evaluating (0 = torch's default); see eval/threads.py
 
 
 @dataclass
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    max_concurrency: int = 4  # requests generating at once; the rest wait on a semaphore
-    timeout_s: float = 30.0
+    model_name: str = ""  # id in /v1/models and responses; "" = the model directory's name
+    batching: str = "continuous"  # "continuous" | "dynamic" | "none" (AsyncEngine) | "threads" (batch-1 Engine)
+    max_num_seqs: int = 8  # sequences the engine generates at once
+    max_queued_requests: int = 32  # sequences waiting beyond that; more -> 429 at once
+    timeout_s: float = 10.0  # per request (queue + generation); a request may ask for less
+    stall_timeout_s: float = 5.0  # no token for this long = the engine stalled
     max_prompt_chars: int = 8_000
     max_tokens_limit: int = 512
+    default_max_tokens: int = 64  # when a request gives none (capped by what fits the context)
+    max_n: int = 8  # choices per request
+    max_body_bytes: int = 1_000_000  # larger request bodies -> 413
+    fallback_text: str = ""  # answer marked "degraded" when the engine fails; "" = 503 instead
+    breaker_failures: int = 5  # consecutive engine failures that open the circuit (0 = never)
+    breaker_cooldown_s: float = 5.0  # open -> half-open after this long
+    watchdog_interval_s: float = 1.0  # how often a dead engine loop is looked for (and restarted)
+    api_key_env: str = "TINYSTACK_API_KEYS"  # env var with comma-separated keys
+    api_key_file: str = ""  # file of hex SHA-256 key hashes, one per line
+    open_health: bool = True  # /health, /ready (and /metrics) without a key
+    rate_limit_rpm: float = 0.0  # requests per minute per key (0 = off)
+    rate_limit_tpm: float = 0.0  # prompt + max tokens per minute per key (0 = off)
+    shutdown_grace_s: float = 10.0  # SIGTERM: in-flight requests get this long to finish
+    drain_delay_s: float = 0.0  # SIGTERM: keep accepting (with /ready 503) this long first
+
+
+@dataclass
+class InferConfig:
+    """The inference engine (tinystack.infer.LLMEngine); `engine_kwargs()` turns it into LLM/AsyncEngine kwargs."""
+
+    backend: str = "torch"  # "torch" | "numpy" (the NumPy GPT, reference only)
+    dtype: str = "float32"  # "float32" | "bfloat16"
+    quantize: str = ""  # "" | "int8" (weight-only linear layers)
+    kv_cache: str = "paged"  # "paged" | "contiguous"
+    scheduler: str = "continuous"  # "continuous" | "dynamic"
+    block_size: int = 16  # tokens per KV block (paged)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512  # per step: decodes + prefill chunks
+    enable_prefix_caching: bool = True
+    memory_limit_mb: int = 0  # 0 = GPU free memory on CUDA, cpu_memory_fraction of available RAM on CPU
+    memory_buffer: float = 0.2  # share of memory_limit kept free
+    cpu_memory_fraction: float = 0.25
+    max_batch: int = 16  # dynamic batcher: flush at this many requests ...
+    max_wait_s: float = 0.05  # ... or when the oldest has waited this long
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        return {"kv_cache": self.kv_cache, "scheduler": self.scheduler, "block_size": self.block_size,
+                "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                "enable_prefix_caching": self.enable_prefix_caching,
+                "memory_limit": self.memory_limit_mb * 2**20 or None, "memory_buffer": self.memory_buffer,
+                "cpu_memory_fraction": self.cpu_memory_fraction, "max_batch": self.max_batch,
+                "max_wait": self.max_wait_s}
 
 
 @dataclass
@@ -110,6 +201,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -92,5 +92,5 @@ def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
                 "--max-tokens", "5")
     assert proc.returncode == 0 and proc.stdout.startswith("Return the")
     assert "finish_reason=" in proc.stderr
-    proc = _run("bench", "--model", str(workdir / "model"), "--prompt-tokens", "16", "--new-tokens", "16")
+    proc = _run("bench", "kv", "--model", str(workdir / "model"), "--prompt-tokens", "16", "--new-tokens", "16")
     assert proc.returncode == 0 and json.loads(proc.stdout)["same_tokens"] is True
