@@ -10,12 +10,30 @@
     eval.json + regression.json + train_log.jsonl -> report.md + report.html (report.py, plots.py)
     labels -> accuracy, per-class precision/recall/F1, confusion matrix (classify.py; any classifier)
 """
-from tinystack.eval.classify import classification_report, confusion_matrix
-from tinystack.eval.generation import complete, distinct_n, generation_checks, repetition_rate
-from tinystack.eval.metrics import evaluate_tokens, window_starts
-from tinystack.eval.regression import Case, compare, load_cases, run_cases, write_cases
-from tinystack.eval.scoring import DocScores, document_ids, score_documents, target_nats
-from tinystack.eval.slices import length_bucket, split_report
+from tinystack.lazy import lazy_exports
+
+_EXPORTS = {
+    "classification_report": "tinystack.eval.classify",
+    "confusion_matrix": "tinystack.eval.classify",
+    "complete": "tinystack.eval.generation",
+    "distinct_n": "tinystack.eval.generation",
+    "generation_checks": "tinystack.eval.generation",
+    "repetition_rate": "tinystack.eval.generation",
+    "evaluate_tokens": "tinystack.eval.metrics",
+    "window_starts": "tinystack.eval.metrics",
+    "Case": "tinystack.eval.regression",
+    "compare": "tinystack.eval.regression",
+    "load_cases": "tinystack.eval.regression",
+    "run_cases": "tinystack.eval.regression",
+    "write_cases": "tinystack.eval.regression",
+    "DocScores": "tinystack.eval.scoring",
+    "document_ids": "tinystack.eval.scoring",
+    "score_documents": "tinystack.eval.scoring",
+    "target_nats": "tinystack.eval.scoring",
+    "length_bucket": "tinystack.eval.slices",
+    "split_report": "tinystack.eval.slices",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "Case",

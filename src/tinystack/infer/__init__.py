@@ -14,14 +14,31 @@
     Engine (engine.py): the single-request blocking contract the server uses today, with the
     contiguous per-call KVCache (kv_cache.py).
 """
-from tinystack.infer.async_engine import AsyncEngine, RequestStream
-from tinystack.infer.engine import Engine, Generation
-from tinystack.infer.kv_cache import CacheFullError, KVCache
-from tinystack.infer.llm import LLM, load_for_inference
-from tinystack.infer.llm_engine import LLMEngine, PromptTooLongError
-from tinystack.infer.memory import AdmissionError, MemoryBudget
-from tinystack.infer.outputs import RequestMetrics, RequestOutput, TokenDelta
-from tinystack.infer.sampler import SamplingParams, sample_batch, sample_next, top_k_filter, top_p_filter
+from tinystack.lazy import lazy_exports
+
+_EXPORTS = {
+    "AsyncEngine": "tinystack.infer.async_engine",
+    "RequestStream": "tinystack.infer.async_engine",
+    "Engine": "tinystack.infer.engine",
+    "Generation": "tinystack.infer.engine",
+    "CacheFullError": "tinystack.infer.kv_cache",
+    "KVCache": "tinystack.infer.kv_cache",
+    "LLM": "tinystack.infer.llm",
+    "load_for_inference": "tinystack.infer.llm",
+    "LLMEngine": "tinystack.infer.llm_engine",
+    "PromptTooLongError": "tinystack.infer.llm_engine",
+    "AdmissionError": "tinystack.infer.memory",
+    "MemoryBudget": "tinystack.infer.memory",
+    "RequestMetrics": "tinystack.infer.outputs",
+    "RequestOutput": "tinystack.infer.outputs",
+    "TokenDelta": "tinystack.infer.outputs",
+    "SamplingParams": "tinystack.infer.sampler",
+    "sample_batch": "tinystack.infer.sampler",
+    "sample_next": "tinystack.infer.sampler",
+    "top_k_filter": "tinystack.infer.sampler",
+    "top_p_filter": "tinystack.infer.sampler",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["AdmissionError", "AsyncEngine", "CacheFullError", "Engine", "Generation", "KVCache", "LLM", "LLMEngine",
            "MemoryBudget", "PromptTooLongError", "RequestMetrics", "RequestOutput", "RequestStream",

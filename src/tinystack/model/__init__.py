@@ -9,8 +9,18 @@
 Training writes a model directory; evaluation, inference and serving read it.
 The format is Hugging Face's GPT-2 layout, so the same loader reads HF GPT-2 checkpoints.
 """
-from tinystack.model.gpt import GPT, GPTConfig
-from tinystack.model.io import ModelFormatError, load_model, read_lineage, save_model
-from tinystack.model.llama import Llama, LlamaConfig
+from tinystack.lazy import lazy_exports
+
+_EXPORTS = {
+    "GPT": "tinystack.model.gpt",
+    "GPTConfig": "tinystack.model.gpt",
+    "ModelFormatError": "tinystack.model.io",
+    "load_model": "tinystack.model.io",
+    "read_lineage": "tinystack.model.io",
+    "save_model": "tinystack.model.io",
+    "Llama": "tinystack.model.llama",
+    "LlamaConfig": "tinystack.model.llama",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["GPT", "GPTConfig", "Llama", "LlamaConfig", "ModelFormatError", "load_model", "read_lineage", "save_model"]

@@ -21,12 +21,26 @@ engine loop (watchdog.py). `create_app` builds the app (app.py); `serve_forever`
 (SIGTERM: /ready 503, finish in-flight within a grace period) and `run_in_background`
 run it with uvicorn (server.py); `tinystack serve` is the CLI (commands.py).
 """
-from tinystack.serve.app import build_state, create_app
-from tinystack.serve.engine_adapter import EngineAdapter, EngineStats, TokenEvent, make_adapter
-from tinystack.serve.errors import ApiError
-from tinystack.serve.schemas import (ErrorDetail, ErrorResponse, GenerateRequest, GenerateResponse, HealthResponse,
-                                     Timing)
-from tinystack.serve.server import run_in_background, serve_forever
+from tinystack.lazy import lazy_exports
+
+_EXPORTS = {
+    "build_state": "tinystack.serve.app",
+    "create_app": "tinystack.serve.app",
+    "EngineAdapter": "tinystack.serve.engine_adapter",
+    "EngineStats": "tinystack.serve.engine_adapter",
+    "TokenEvent": "tinystack.serve.engine_adapter",
+    "make_adapter": "tinystack.serve.engine_adapter",
+    "ApiError": "tinystack.serve.errors",
+    "ErrorDetail": "tinystack.serve.schemas",
+    "ErrorResponse": "tinystack.serve.schemas",
+    "GenerateRequest": "tinystack.serve.schemas",
+    "GenerateResponse": "tinystack.serve.schemas",
+    "HealthResponse": "tinystack.serve.schemas",
+    "Timing": "tinystack.serve.schemas",
+    "run_in_background": "tinystack.serve.server",
+    "serve_forever": "tinystack.serve.server",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["ApiError", "EngineStats", "ErrorDetail", "ErrorResponse", "GenerateRequest", "GenerateResponse",
            "HealthResponse", "EngineAdapter", "Timing", "TokenEvent", "build_state", "create_app",

@@ -9,9 +9,22 @@
       -> a JSONL training log, a PNG loss curve (plot.py), a progress bar with loss, tokens/s and ETA
       -> checkpoint.save_model_dir: config.json + model.safetensors + tokenizer.json + tinystack.json
 """
-from tinystack.train.batches import BatchSampler, eval_batches, get_batch
-from tinystack.train.checkpoint import load_checkpoint, save_checkpoint, save_model_dir
-from tinystack.train.loop import NonFiniteLossError, TrainResult, estimate_loss, make_optimizer, train
+from tinystack.lazy import lazy_exports
+
+_EXPORTS = {
+    "BatchSampler": "tinystack.train.batches",
+    "eval_batches": "tinystack.train.batches",
+    "get_batch": "tinystack.train.batches",
+    "load_checkpoint": "tinystack.train.checkpoint",
+    "save_checkpoint": "tinystack.train.checkpoint",
+    "save_model_dir": "tinystack.train.checkpoint",
+    "NonFiniteLossError": "tinystack.train.loop",
+    "TrainResult": "tinystack.train.loop",
+    "estimate_loss": "tinystack.train.loop",
+    "make_optimizer": "tinystack.train.loop",
+    "train": "tinystack.train.loop",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["BatchSampler", "NonFiniteLossError", "TrainResult", "estimate_loss", "eval_batches", "get_batch",
            "load_checkpoint", "make_optimizer", "save_checkpoint", "save_model_dir", "train"]
