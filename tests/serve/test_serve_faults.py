@@ -8,16 +8,7 @@ import time
 
 import httpx
 
-PROMPT = "return the number of"
-
-
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
+from serve_helpers import PROMPT, wait_for
 
 
 def test_faulty_steps_give_degraded_answers_open_the_circuit_and_recover(serve, faulty_engine):

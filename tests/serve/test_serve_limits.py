@@ -5,16 +5,7 @@ import time
 
 import httpx
 
-PROMPT = "return the number of"
-
-
-def wait_for(condition, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return condition()
+from serve_helpers import PROMPT, wait_for
 
 
 def idle(served) -> bool:

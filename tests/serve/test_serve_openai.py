@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-PROMPT = "return the number of"
+from serve_helpers import PROMPT
 
 
 @pytest.fixture(params=["engine", "async_engine"])
