@@ -10,12 +10,14 @@ One thread owns the LLMEngine (it is not thread-safe); callers only touch the in
 can never run raises there (PromptTooLongError / AdmissionError) before anything is queued.
 Leaving a stream early (`aclose`, or garbage collection of an unfinished async for) aborts it,
 so a client that disconnects frees its blocks. Counters for tests and health checks:
-num_free_blocks, num_used_blocks, num_running, num_waiting.
+num_free_blocks, num_used_blocks, num_running, num_waiting; liveness for watchdogs:
+is_alive() and last_step_time (perf_counter of the loop's latest pass, idle waits included).
 """
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from typing import AsyncIterator
 
@@ -62,6 +64,7 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._stop = False
         self._idle_wait_s = idle_wait_s
+        self.last_step_time = time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="tinystack-engine", daemon=True)
         self._thread.start()
 
@@ -96,6 +99,14 @@ class AsyncEngine:
             pass
         assert stream.output is not None
         return stream.output
+
+    def is_alive(self) -> bool:
+        """Is the engine thread running? (False after shutdown or if the loop died.)"""
+        return self._thread.is_alive()
+
+    def last_step_age_s(self) -> float:
+        """Seconds since the loop last stepped or woke up; grows without bound when it is stuck."""
+        return time.perf_counter() - self.last_step_time
 
     def shutdown(self) -> None:
         with self._cond:
@@ -135,7 +146,8 @@ class AsyncEngine:
         while True:
             with self._cond:
                 while not self._stop and not self._inbox and not self.engine.has_unfinished():
-                    self._cond.wait()
+                    self.last_step_time = time.perf_counter()  # idle is alive, not stalled
+                    self._cond.wait(1.0)
                 if self._stop:
                     break
                 ops = list(self._inbox)
@@ -145,6 +157,7 @@ class AsyncEngine:
                     self.engine.enqueue(arg)
                 elif (out := self.engine.abort(arg)) is not None:
                     self._emit(TokenDelta(arg, finish_reason="abort", output=out), arg)
+            self.last_step_time = time.perf_counter()
             try:
                 deltas = self.engine.step()
             except Exception as e:  # a failed step fails the requests in it, not the engine thread

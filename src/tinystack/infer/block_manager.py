@@ -42,7 +42,8 @@ class BlockManager:
         self.by_hash: dict[int, int] = {}
         self.free: deque[int] = deque(range(num_blocks))
         self.lru: OrderedDict[int, None] = OrderedDict()  # ref == 0 but hashed: reusable, evictable
-        self.prefix_hits = 0  # tokens served from the prefix cache, for reports
+        self.prefix_hits = 0  # tokens served from the prefix cache, for reports and metrics
+        self.prefix_queries = 0  # tokens looked up in it (hit rate = hits / queries)
 
     # -- counters (tests, health, the memory report) --
     @property
@@ -79,6 +80,7 @@ class BlockManager:
         assert not seq.block_table and seq.num_computed == 0
         if not self.prefix_caching:
             return
+        self.prefix_queries += seq.num_tokens
         prev = None
         for i in range((seq.num_tokens - 1) // self.block_size):  # leave >= 1 token to compute
             h = block_hash(prev, seq.token_ids[i * self.block_size:(i + 1) * self.block_size])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Callable
 
 import torch
 
@@ -28,6 +29,7 @@ from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.sampler import SampleRow, SamplingParams, sample_batch
 from tinystack.infer.scheduler import Scheduler
 from tinystack.infer.sequence import Sequence
+from tinystack.infer.step_stats import EngineCounters, StepRecord
 
 
 class PromptTooLongError(ValueError):
@@ -69,6 +71,8 @@ class LLMEngine:
         self.kv_cache, self.scheduler_kind = kv_cache, scheduler
         self._seqs: dict[str, Sequence] = {}
         self._counter = 0
+        self.counters = EngineCounters()
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
 
     # -- requests --
     def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
@@ -123,24 +127,53 @@ class LLMEngine:
     def num_used_blocks(self) -> int:
         return self.block_manager.num_used_blocks
 
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    @property
+    def prefix_cache_hit_tokens(self) -> int:
+        return self.block_manager.prefix_hits
+
+    @property
+    def prefix_cache_query_tokens(self) -> int:
+        return self.block_manager.prefix_queries
+
     # -- one step --
     def step(self, flush: bool = False) -> list[TokenDelta]:
+        t0, c0 = time.perf_counter(), time.process_time()
         batch = self.scheduler.schedule(flush=flush)
         if not batch:
             return []
         logits = self.runner.run(batch)
         ready, rows = [], []
+        prefill = 0
         for i, (seq, n) in enumerate(batch):
+            is_decode = n == 1 and seq.num_computed + 1 == seq.num_tokens > len(seq.prompt_ids)
+            prefill += 0 if is_decode else n
             seq.num_computed += n
             self.block_manager.commit(seq)
             if seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
                 ready.append((i, seq))
                 rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids))
-        if not ready:
-            return []
-        tokens, infos = sample_batch(logits[[i for i, _ in ready]], rows)
+        tokens, infos = sample_batch(logits[[i for i, _ in ready]], rows) if ready else ([], [])
         now = time.perf_counter()
+        self._account(batch, prefill, len(ready), t0, c0, now)
         return [d for (_, seq), tok, info in zip(ready, tokens, infos) if (d := self._append(seq, tok, info, now))]
+
+    def _account(self, batch: list[tuple[Sequence, int]], prefill: int, sampled: int, t0: float, c0: float,
+                 now: float) -> None:
+        """Share the step's wall and CPU seconds across its sequences by tokens fed (step_stats.py)."""
+        rec = StepRecord(len(batch), sum(n for _, n in batch), prefill, now - t0, time.process_time() - c0, now)
+        for seq, n in batch:
+            seq.device_s += rec.wall_s * n / rec.num_tokens
+            seq.cpu_s += rec.cpu_s * n / rec.num_tokens
+        self.counters.add(rec, sampled)
+        for listener in self.step_listeners:
+            try:
+                listener(rec)
+            except Exception:  # metrics must never take the engine down
+                pass
 
     def _append(self, seq: Sequence, tok: int, info: dict | None, now: float) -> TokenDelta | None:
         p = seq.params
@@ -178,6 +211,7 @@ class LLMEngine:
         if finished and not (seq.params.stop or self.stream_text):
             seq.text = self.tokenizer.decode(out)
         new_ids = out[seq.tokens_streamed:]
+        logprobs = seq.logprobs[seq.tokens_streamed:] if seq.params.logprobs is not None else None
         seq.tokens_streamed = len(out)
         text = ""
         if self.stream_text or finished:
@@ -189,11 +223,12 @@ class LLMEngine:
             text, seq.streamed = seq.text[seq.streamed:safe], max(seq.streamed, safe)
         if not new_ids and not text and not finished:
             return None
-        return TokenDelta(seq.request_id, new_ids, text, seq.finish_reason, self._output(seq) if finished else None)
+        return TokenDelta(seq.request_id, new_ids, text, seq.finish_reason, self._output(seq) if finished else None,
+                          logprobs)
 
     def _output(self, seq: Sequence) -> RequestOutput:
         m = RequestMetrics(seq.arrival, seq.first_scheduled, seq.first_token, seq.last_token,
-                           time.perf_counter() if seq.finish_reason else None)
+                           time.perf_counter() if seq.finish_reason else None, seq.cpu_s, seq.device_s)
         return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_ids), seq.text, list(seq.output_ids),
                              seq.finish_reason, list(seq.logprobs) if seq.params.logprobs is not None else None, m,
                              seq.num_cached_prompt_tokens, seq.num_preemptions)

@@ -6,13 +6,19 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
-    """perf_counter seconds: arrival -> first scheduled -> first token -> last token -> finished."""
+    """perf_counter seconds: arrival -> first scheduled -> first token -> last token -> finished.
+
+    `cpu_s` / `device_s`: this request's share of the CPU and wall seconds of the engine
+    steps it took part in, shared by tokens fed (see step_stats.py) — what it cost.
+    """
 
     arrival: float
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
     finished: float | None = None
+    cpu_s: float = 0.0
+    device_s: float = 0.0
 
     @property
     def queue_s(self) -> float | None:
@@ -21,6 +27,11 @@ class RequestMetrics:
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def prefill_s(self) -> float | None:
+        """First scheduled -> first token: the prompt's prefill (chunks) and the first sample."""
+        return None if self.first_token is None or self.first_scheduled is None else self.first_token - self.first_scheduled
 
     @property
     def decode_s(self) -> float | None:
@@ -54,6 +65,7 @@ class TokenDelta:
     text: str = ""
     finish_reason: str | None = None
     output: RequestOutput | None = None  # set on the last delta
+    logprobs: list[dict] | None = None  # one per token id, when the request asked for logprobs
 
     @property
     def finished(self) -> bool:

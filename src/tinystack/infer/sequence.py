@@ -50,6 +50,8 @@ class Sequence:
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
+    cpu_s: float = 0.0  # share of the engine steps' CPU / wall seconds (step_stats.py)
+    device_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -51,8 +51,7 @@ class AsyncEngineAdapter:
 
     # ---------------------------------------------------------------- lifecycle
     def is_alive(self) -> bool:
-        thread = getattr(self.engine, "_thread", None)
-        return thread is None or thread.is_alive()
+        return self.engine.is_alive()
 
     def last_step_age_s(self) -> float:
         return time.monotonic() - self._last_progress if self.engine.num_running else 0.0
@@ -106,26 +105,17 @@ class AsyncEngineAdapter:
         except (PromptTooLongError, AdmissionError) as e:
             raise RequestRejected(str(e)) from None
         self._live[request_id] = stream
-        buffered: list[int] = []
         try:
             async for delta in stream:
                 self._last_progress = time.monotonic()
-                if params.logprobs is None:
-                    last = len(delta.token_ids) - 1
-                    for i, tid in enumerate(delta.token_ids):
-                        yield self._timed(TokenEvent(tid), delta) if i == last else TokenEvent(tid)
-                else:
-                    buffered.extend(delta.token_ids)
-                if delta.finish_reason == "abort":
-                    return
-            if buffered:
-                infos = (stream.output.logprobs if stream.output is not None else None) or []
-                for i, tid in enumerate(buffered):
-                    info = infos[i] if i < len(infos) else None
+                last = len(delta.token_ids) - 1
+                for i, tid in enumerate(delta.token_ids):
+                    info = delta.logprobs[i] if delta.logprobs and i < len(delta.logprobs) else None
                     top = tuple(sorted(info["top"].items(), key=lambda kv: -kv[1])) if info else ()
                     event = TokenEvent(tid, info["logprob"] if info else None, top)
-                    yield event if i < len(buffered) - 1 or stream.output is None else \
-                        self._timed(event, stream.output)
+                    yield self._timed(event, delta) if i == last else event
+                if delta.finish_reason == "abort":
+                    return
         finally:
             self._live.pop(request_id, None)
             await stream.aclose()
