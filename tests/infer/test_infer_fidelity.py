@@ -19,30 +19,44 @@ def _llm(model, **kw):
 
 @torch.no_grad()
 def test_ragged_batch_logits_equal_transformers(family):
-    """A batch of different-length prompts through the paged cache, every position, vs HF one by one."""
+    """Different-length prompts packed into one row through the paged cache, in two prefill chunks
+    and then a decode step, every position vs HF one prompt at a time."""
     kind, hf, d = family
     model = load_model(d)
     cfg = model.config
     prompts = random_prompts(LENGTHS, seed=1)
     bs, blocks_per = 16, 3
     storage = KVStorage(cfg.n_layer, len(prompts) * blocks_per + 1, bs, cfg.n_kv_head, cfg.head_dim)
-    # scattered, non-contiguous block tables (reversed order) so the gather is really exercised
-    tables = [[len(prompts) * blocks_per - (i * blocks_per + j) for j in range(blocks_per)] for i in range(len(prompts))]
-    view = BatchView(storage, tables, [0] * len(prompts), [len(p) for p in prompts], torch.device("cpu"))
-    ids = torch.zeros(len(prompts), max(LENGTHS), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, : len(p)] = torch.tensor(p)
-    ours, _ = model(ids, kv_cache=view, positions=view.positions)
+    # row 0 in consecutive blocks (read as a view); the rest scattered in reversed order (gathered)
+    tables = [[1, 2, 3]] + [[len(prompts) * blocks_per - (i * blocks_per + j) for j in range(blocks_per)]
+                            for i in range(1, len(prompts))]
+    cpu = torch.device("cpu")
+
+    def packed_step(starts, lengths, rows):
+        view = BatchView(storage, tables, starts, lengths, cpu)
+        ids = torch.tensor([[t for r in rows for t in r]])
+        logits, _ = model(ids, kv_cache=view, positions=view.positions)
+        return [logits[0, o:o + n] for o, n in zip(view.offsets, lengths)], view
+
+    cut = [max(1, len(p) // 2) for p in prompts]  # first chunk from 0, second from cut (a masked chunk)
+    first, _ = packed_step([0] * len(prompts), cut, [p[:c] for p, c in zip(prompts, cut)])
+    rest = [(c, len(p) - c, p[c:]) for p, c in zip(prompts, cut) if len(p) > c]
+    idx = [i for i, (p, c) in enumerate(zip(prompts, cut)) if len(p) > c]
+    saved = tables[:]
+    tables[:] = [saved[i] for i in idx]
+    second, view = packed_step([r[0] for r in rest], [r[1] for r in rest], [r[2] for r in rest])
+    tables[:] = saved
+    assert view.last_index.tolist() == [o + n - 1 for o, n in zip(view.offsets, [r[1] for r in rest])]
     for i, p in enumerate(prompts):
         theirs = hf(torch.tensor([p])).logits[0]
-        assert torch.allclose(ours[i, : len(p)], theirs, atol=1e-4), (kind, i, (ours[i, :len(p)] - theirs).abs().max())
+        ours = torch.cat([first[i]] + ([second[idx.index(i)]] if i in idx else []))
+        assert torch.allclose(ours, theirs, atol=1e-4), (kind, i, (ours - theirs).abs().max())
     # and a decode step on top of the ragged cache: one new token per row, at different positions
-    nxt = torch.randint(3, 200, (len(prompts), 1), generator=torch.Generator().manual_seed(2))
-    view2 = BatchView(storage, tables, [len(p) for p in prompts], [1] * len(prompts), torch.device("cpu"))
-    step, _ = model(nxt, kv_cache=view2, positions=view2.positions)
+    nxt = torch.randint(3, 200, (len(prompts),), generator=torch.Generator().manual_seed(2)).tolist()
+    step, _ = packed_step([len(p) for p in prompts], [1] * len(prompts), [[t] for t in nxt])
     for i, p in enumerate(prompts):
-        theirs = hf(torch.tensor([p + [int(nxt[i])]])).logits[0, -1]
-        assert torch.allclose(step[i, 0], theirs, atol=1e-4)
+        theirs = hf(torch.tensor([p + [nxt[i]]])).logits[0, -1]
+        assert torch.allclose(step[i][0], theirs, atol=1e-4)
 
 
 def test_32_greedy_tokens_equal_transformers_generate(family):

@@ -12,13 +12,21 @@ hash on an LRU list; it is reused by a later hit, or evicted (least recently use
 when the free list is empty. At least one prompt token is always computed, so a step
 has logits to sample from.
 
+Placement: a sequence's blocks are taken consecutively where possible (its next block is
+the one after its last, if free; a new sequence starts in the middle of the largest free
+run, leaving room for the sequence before it to grow), so most rows of a step read their
+keys as one view of the storage instead of a gather (paged_cache.py). Nothing is
+reserved: any free block still goes to whoever needs it when memory is short.
+
 Invariants (tested under random interleavings): every block is exactly one of
 used (ref > 0), cached (ref == 0, hashed, on the LRU) or free; after every sequence has
 finished or been aborted, nothing is used.
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
+
+import numpy as np
 
 from tinystack.infer.sequence import Sequence
 
@@ -40,7 +48,9 @@ class BlockManager:
         self.ref = [0] * num_blocks
         self.hash_of: list[int | None] = [None] * num_blocks
         self.by_hash: dict[int, int] = {}
-        self.free: deque[int] = deque(range(num_blocks))
+        self.free = np.ones(num_blocks, dtype=bool)  # never used, or released without a hash
+        self.num_plain_free = num_blocks
+        self.tails: set[int] = set()  # the last block of each live sequence (don't start a new one right after)
         self.lru: OrderedDict[int, None] = OrderedDict()  # ref == 0 but hashed: reusable, evictable
         self.prefix_hits = 0  # tokens served from the prefix cache, for reports and metrics
         self.prefix_queries = 0  # tokens looked up in it (hit rate = hits / queries)
@@ -49,7 +59,7 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take now: never-used ones plus evictable cached ones."""
-        return len(self.free) + len(self.lru)
+        return self.num_plain_free + len(self.lru)
 
     @property
     def num_used_blocks(self) -> int:
@@ -63,17 +73,32 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # -- allocation --
-    def _take(self) -> int:
-        if self.free:
-            b = self.free.popleft()
+    def _take(self, prefer: int | None = None) -> int:
+        """A free block: `prefer` if it is free, else the start of a new extent, else evict the LRU."""
+        if prefer is not None and prefer < self.num_blocks and self.free[prefer]:
+            b = prefer
+        elif self.num_plain_free:
+            b = self._new_extent()
         elif self.lru:
             b, _ = self.lru.popitem(last=False)  # evict the least recently used cached block
             del self.by_hash[self.hash_of[b]]
             self.hash_of[b] = None
+            self.ref[b] = 1
+            return b
         else:
             raise NoFreeBlocksError("no free KV-cache blocks")
+        self.free[b] = False
+        self.num_plain_free -= 1
         self.ref[b] = 1
         return b
+
+    def _new_extent(self) -> int:
+        """The first block of the largest run of free blocks, or its middle if a live sequence ends just before it."""
+        edges = np.flatnonzero(np.diff(np.concatenate(([False], self.free, [False])).astype(np.int8)))
+        starts, ends = edges[0::2], edges[1::2]
+        i = int(np.argmax(ends - starts))
+        a, e = int(starts[i]), int(ends[i])
+        return a + (e - a) // 2 if a - 1 in self.tails else a
 
     def match_prefix(self, seq: Sequence) -> None:
         """For a sequence with no blocks: share every cached full block its tokens start with."""
@@ -104,7 +129,14 @@ class BlockManager:
         need = self.blocks_for(seq.num_computed + n) - len(seq.block_table)
         if need > self.num_free_blocks:
             raise NoFreeBlocksError(f"{seq.request_id} needs {need} blocks, {self.num_free_blocks} free")
-        seq.block_table.extend(self._take() for _ in range(need))
+        if not need:
+            return
+        table = seq.block_table
+        if table:
+            self.tails.discard(table[-1])
+        for _ in range(need):
+            table.append(self._take(table[-1] + 1 if table else None))
+        self.tails.add(table[-1])
 
     def commit(self, seq: Sequence) -> None:
         """After a step: register the blocks that are now full of computed tokens."""
@@ -122,6 +154,8 @@ class BlockManager:
 
     def release(self, seq: Sequence) -> None:
         """Drop the sequence's references; its hashed blocks stay cached, the rest go free."""
+        if seq.block_table:
+            self.tails.discard(seq.block_table[-1])
         for b in reversed(seq.block_table):  # tail first: the LRU evicts a prefix's end before its start
             self.ref[b] -= 1
             assert self.ref[b] >= 0, f"block {b} released twice"
@@ -129,15 +163,16 @@ class BlockManager:
                 if self.hash_of[b] is not None:
                     self.lru[b] = None
                 else:
-                    self.free.append(b)
+                    self.free[b] = True
+                    self.num_plain_free += 1
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed = 0
 
     def check(self) -> None:
         """Assert the invariants (tests call this after random operations)."""
-        free, lru = set(self.free), set(self.lru)
-        assert len(free) == len(self.free) and not free & lru
+        free, lru = set(np.flatnonzero(self.free).tolist()), set(self.lru)
+        assert len(free) == self.num_plain_free and not free & lru
         for b in range(self.num_blocks):
             in_use = self.ref[b] > 0
             assert in_use + (b in free) + (b in lru) == 1, f"block {b}: ref={self.ref[b]} free={b in free} lru={b in lru}"

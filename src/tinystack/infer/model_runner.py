@@ -1,9 +1,10 @@
 """Runs the model for one scheduled step: a ragged batch in, next-token logits out.
 
-    [(seq, n), ...] -> ids [B, T] (row b: the n_b tokens from seq.num_computed on, right-padded)
-                    -> BatchView over the KV storage (writes the new K/V, gathers each row's history)
-                    -> model(ids, kv_cache=view, positions=..., logit_index=last valid t)
-                    -> logits [B, V] at each row's last fed token
+    [(seq, n), ...] -> ids [1, N]: every row's n new tokens from seq.num_computed on, PACKED
+                       one after another (no padding; N = sum of n)
+                    -> BatchView over the KV storage (writes the new K/V, attends per sequence)
+                    -> model(ids, kv_cache=view, positions=[1, N], logit_index=each row's last token)
+                    -> logits [R, V] at each row's last fed token
 
 Prefill chunks and single-token decodes share one call; only the rows' last
 positions go through the output head.
@@ -28,11 +29,8 @@ class ModelRunner:
             return torch.stack([self.model.last_logits(seq.token_ids[: seq.num_computed + n]) for seq, n in batch])
         starts = [seq.num_computed for seq, _ in batch]
         lengths = [n for _, n in batch]
-        T = max(lengths)
-        ids = torch.zeros(len(batch), T, dtype=torch.long)
-        for b, (seq, n) in enumerate(batch):
-            ids[b, :n] = torch.tensor(seq.token_ids[seq.num_computed: seq.num_computed + n])
+        ids = [t for seq, n in batch for t in seq.token_ids[seq.num_computed: seq.num_computed + n]]
         view = BatchView(self.storage, [seq.block_table for seq, _ in batch], starts, lengths, self.device)
-        last = torch.tensor([n - 1 for n in lengths], device=self.device)
-        logits, _ = self.model(ids.to(self.device), kv_cache=view, positions=view.positions, logit_index=last)
-        return logits[:, 0]
+        logits, _ = self.model(torch.tensor([ids], device=self.device), kv_cache=view, positions=view.positions,
+                               logit_index=view.last_index)
+        return logits[:, 0]  # [R, 1, V]: x[arange(1), last_index] picked one position per row

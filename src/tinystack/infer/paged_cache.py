@@ -1,21 +1,27 @@
-"""KV memory in blocks, and the per-step view through which a ragged batch reads and writes it.
+"""KV memory in blocks, and the per-step view through which a packed batch reads and writes it.
 
 Storage: K and V tensors of shape [n_layer, num_blocks, block_size, n_kv_head, head_dim].
 The contiguous cache is the same storage with block_size = max_seq_len and one block
 per sequence (preallocated to the full context); the paged cache uses small blocks
 (default 16 tokens) handed out by the BlockManager.
 
-A step runs B sequences, row b feeding n_b new tokens at positions p_b..p_b+n_b-1
-(padded to T = max n_b). `BatchView.update(layer, k, v)` is the model's cache protocol:
-  write:  the valid new keys/values go to their slots (block_table[pos // bs] * bs + pos % bs)
-  read:   each row's keys 0..p_b+n_b-1 are gathered through its block table -> [B, nkv, S, hd]
-  mask:   `attn_mask` [B, 1, T, S]: query t of row b sees key j iff j <= p_b + t (causal,
-          and nothing past the row's own context); None when every key is visible
-A single sequence whose blocks are contiguous reads a view, not a copy.
+A step runs R sequences, row r feeding n_r new tokens at positions p_r..p_r+n_r-1.
+The rows are PACKED, not padded: the model sees one row of N = sum(n_r) tokens
+(ids [1, N], `positions` [1, N]), so a 400-token prefill chunk next to 63 one-token
+decodes costs 463 token-rows in every linear layer, not 64 x 400.
+`BatchView.attend(layer, q, k, v)` is the attention over the cache, per sequence:
+  write:  the N new keys/values go to their slots (block_table[pos // bs] * bs + pos % bs)
+  read:   row r's keys 0..p_r+n_r-1: a view when its blocks are consecutive in storage
+          (always for the contiguous cache), else a gather of just that row's blocks
+  attend: its n_r queries against them (causal within the chunk), one SDPA call per row.
+Why per row and not one padded [R, S_max] gather: at decode, attention is bound by
+reading the cache; padding every row to the longest context and gathering it into a
+new tensor moved ~8x more bytes than reading each row's own keys where they lie.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 class KVStorage:
@@ -36,48 +42,67 @@ class KVStorage:
 
 
 class BatchView:
-    """The cache as one step's model call sees it. Built by the ModelRunner, used for every layer."""
+    """The cache as one step's model call sees it. Built by the ModelRunner, used for every layer.
+
+    `positions` [1, N] and `last_index` [R] (each row's last token in the packed order) are
+    what the model needs besides the ids; `offsets[r]` is where row r starts in the packing.
+    """
 
     def __init__(self, storage: KVStorage, block_tables: list[list[int]], starts: list[int], lengths: list[int],
                  device: torch.device):
         bs = storage.block_size
         self.storage = storage
-        B, T = len(starts), max(lengths)
-        ctx = [s + n for s, n in zip(starts, lengths)]
-        self.S = max(ctx)
-        nblk = -(-self.S // bs)
-        # write targets: slot of every valid (row, t), and which padded positions are valid
-        slots, valid = [], torch.zeros(B, T, dtype=torch.bool)
-        for b, (s, n, table) in enumerate(zip(starts, lengths, block_tables)):
-            valid[b, :n] = True
+        self.starts, self.lengths = list(starts), list(lengths)
+        self.offsets = [0]
+        for n in lengths[:-1]:
+            self.offsets.append(self.offsets[-1] + n)
+        slots, pos = [], []
+        self.reads: list[tuple[int, int] | torch.Tensor] = []  # per row: (first slot, S) view, or block ids
+        for s, n, table in zip(starts, lengths, block_tables):
             slots.extend(table[p // bs] * bs + p % bs for p in range(s, s + n))
-        self.slots = torch.tensor(slots, dtype=torch.long, device=device)
-        self.valid = valid.to(device)
-        self.all_valid = bool(valid.all())
-        # read: contiguous single-row fast path, else a block-granular gather
-        table0 = block_tables[0]
-        self.view_block = (table0[0] if B == 1 and all(table0[i] == table0[0] + i for i in range(nblk)) else None)
-        self.tables = torch.tensor([t[:nblk] + [0] * (nblk - len(t[:nblk])) for t in block_tables],
-                                   dtype=torch.long, device=device)
-        positions = torch.tensor([[s + min(t, n - 1) for t in range(T)] for s, n in zip(starts, lengths)],
-                                 dtype=torch.long, device=device)  # padding repeats the row's last position
-        self.positions = positions
-        mask = torch.arange(self.S, device=device)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        self.attn_mask = None if bool(mask.all()) else mask[:, None]
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start_pos: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v [B, nkv, T, hd] of the new tokens -> all keys/values of each row [B, nkv, S, hd]."""
-        st = self.storage
-        out = []
-        for store, new in ((st.k[layer], k), (st.v[layer], v)):
-            flat = store.view(-1, *store.shape[2:])  # [num_blocks * bs, nkv, hd]
-            new = new.transpose(1, 2)  # [B, T, nkv, hd]
-            flat.index_copy_(0, self.slots, new.reshape(-1, *new.shape[2:]) if self.all_valid else new[self.valid])
-            if self.view_block is not None:
-                allk = flat[self.view_block * st.block_size: self.view_block * st.block_size + self.S][None]
-            elif self.tables.size(1) == 1:  # one block per row (the contiguous cache): copy only S slots
-                allk = store[:, : self.S][self.tables[:, 0]]
+            pos.extend(range(s, s + n))
+            S = s + n
+            nblk = -(-S // bs)
+            if all(table[i] == table[0] + i for i in range(nblk)):
+                self.reads.append((table[0] * bs, S))
             else:
-                allk = store[self.tables].flatten(1, 2)[:, : self.S]  # [B, nblk * bs -> S, nkv, hd]
-            out.append(allk.transpose(1, 2))
-        return out[0], out[1]
+                self.reads.append(torch.tensor(table[:nblk], dtype=torch.long, device=device))
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)
+        self.positions = torch.tensor([pos], dtype=torch.long, device=device)
+        self.last_index = torch.tensor([o + n - 1 for o, n in zip(self.offsets, lengths)], dtype=torch.long,
+                                       device=device)
+
+    def _history(self, store: torch.Tensor, r: int) -> torch.Tensor:
+        """Row r's keys (or values) 0..S-1 from one layer's store -> [1, nkv, S, hd]."""
+        read, S = self.reads[r], self.starts[r] + self.lengths[r]
+        if isinstance(read, tuple):
+            first = read[0]
+            rows = store.view(-1, *store.shape[2:])[first: first + S]  # a view: nothing copied
+        else:
+            rows = store[read].flatten(0, 1)[:S]  # [nblk * bs -> S, nkv, hd], only this row's blocks
+        return rows.transpose(0, 1)[None]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [1, nh, N, hd], k/v [1, nkv, N, hd] of the packed new tokens -> attention output [1, nh, N, hd]."""
+        st = self.storage
+        kl, vl = st.k[layer], st.v[layer]
+        for store, new in ((kl, k), (vl, v)):
+            store.view(-1, *store.shape[2:]).index_copy_(0, self.slots, new[0].transpose(0, 1))
+        gqa = k.size(1) != q.size(1)
+        if len(self.lengths) == 1:
+            return self._attend_row(0, q, kl, vl, gqa)
+        out = torch.empty_like(q)
+        for r, (o, n) in enumerate(zip(self.offsets, self.lengths)):
+            out[:, :, o:o + n] = self._attend_row(r, q[:, :, o:o + n], kl, vl, gqa)
+        return out
+
+    def _attend_row(self, r: int, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor, gqa: bool) -> torch.Tensor:
+        keys, values = self._history(kl, r), self._history(vl, r)
+        n, S = q.size(2), keys.size(2)
+        if n == 1:  # a decode: the new token sees every key
+            return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
+        if n == S:  # a whole prompt from position 0: the plain causal triangle
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=gqa)
+        # a prefill chunk at positions S-n..S-1: each query sees keys up to its own position
+        mask = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - n, S, device=q.device)[:, None]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)

@@ -12,8 +12,8 @@ Incremental decoding: `forward(idx, kv_cache=cache, start_pos=p)` treats `idx` a
 tokens at positions p..p+T-1, appends their keys/values to the cache and attends
 over everything cached so far. The cache only needs `update(layer, k, v, start_pos)
 -> (k_all, v_all)`; see `tinystack.infer.kv_cache` and `model.attention`. A batch of
-sequences at different positions passes `positions` [B, T] and a cache with an
-`attn_mask` (the inference engine's ragged batches).
+sequences at different positions passes `positions` [B, T]; the inference engine packs
+its ragged batches into one row ([1, N]) and a cache whose `attend` separates them.
 """
 from __future__ import annotations
 
@@ -151,6 +151,7 @@ class GPT(nn.Module):
 
         `positions` [B, T] overrides start_pos when rows sit at different positions.
         `logit_index` [B] computes logits only at that position of each row -> [B, 1, V]
+        (with B = 1 and a packed batch, [R] positions of the one row -> [R, 1, V])
         (a prefill needs the last token's logits only; the head is the biggest matmul).
         `targets` uses -1 for positions to ignore. Raises ValueError if the positions
         run past `block_size` (there is no position embedding for them).
