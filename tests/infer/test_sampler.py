@@ -66,3 +66,27 @@ def test_fixed_seed_reproduces_and_differs_across_seeds():
 def test_invalid_params_are_refused(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         SamplingParams(**kwargs)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tinystack.infer.sampler import SampleRow, sample_batch  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(temperature=st.one_of(st.just(5e-324), st.just(1e-300), st.floats(0, 5)),
+       top_p=st.one_of(st.just(1e-46), st.just(5e-324), st.floats(1e-300, 1.0)),
+       top_k=st.integers(0, 40), min_p=st.floats(0, 1), seed=st.integers(0, 2**31))
+def test_any_valid_params_give_a_token_the_filters_allow(temperature, top_p, top_k, min_p, seed):
+    """Extreme but valid values (a subnormal temperature, a top_p below float32's range) still sample a
+    real token: greedy below 1e-5, and the top token always survives top-p."""
+    if top_p <= 0:
+        return
+    logits = torch.randn(1, 37, generator=torch.Generator().manual_seed(seed)) * 4
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    tokens, _ = sample_batch(logits, [SampleRow(params, gen, [], [])])
+    assert 0 <= tokens[0] < 37
+    if temperature < 1e-5 or top_p < 1e-30:  # greedy, or a nucleus of just the top token
+        assert tokens[0] == int(logits.argmax())

@@ -26,7 +26,7 @@ from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.outputs import RequestMetrics, RequestOutput, TokenDelta
 from tinystack.infer.paged_cache import KVStorage
-from tinystack.infer.sampler import SampleRow, SamplingParams, sample_batch
+from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, sample_batch
 from tinystack.infer.scheduler import Scheduler
 from tinystack.infer.sequence import Sequence
 from tinystack.infer.step_stats import EngineCounters, StepRecord
@@ -90,7 +90,7 @@ class LLMEngine:
         max_new = min(params.max_tokens, self.max_seq_len - len(ids))
         self.budget.admit(len(ids), max_new)
         gen = None
-        if params.temperature > 0:
+        if not is_greedy(params):
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ()).item()))
         return Sequence(request_id, prompt if isinstance(prompt, str) else "", ids, params, max_new, gen)

@@ -3,7 +3,8 @@
 Order of operations (the same as Hugging Face's and vLLM's):
     penalties: repetition (prompt + output tokens: positive logits / p, negative * p),
                presence and frequency (output tokens: - presence - frequency * count)
-    temperature == 0: greedy (argmax of the penalised logits), the other knobs are ignored
+    temperature < 1e-5: greedy (argmax of the penalised logits), the other knobs are ignored
+               (as vLLM: dividing by a subnormal temperature overflows to inf and NaN)
     else: / temperature -> top-k -> top-p (smallest set reaching mass p, at least the top
           token) -> min-p (drop tokens below min_p * the top probability) -> one draw from
           the renormalised distribution with the request's own seeded generator.
@@ -18,6 +19,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+SAMPLING_EPS = 1e-5  # temperatures below this are greedy
+
+
+def is_greedy(p: "SamplingParams") -> bool:
+    return p.temperature < SAMPLING_EPS
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,9 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     # drop a token when the mass *before* it already reaches p; the top token is never dropped
+    # (explicitly: a p below float32's smallest value rounds to 0, and 0 >= 0 would drop it)
     drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= p
+    drop_sorted[..., 0] = False
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -132,10 +141,10 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[
     tokens = logits.argmax(dim=-1).tolist()
     for i, r in enumerate(rows):
         p = r.params
-        if p.temperature == 0 and not _has_penalties(p):
+        if is_greedy(p) and not _has_penalties(p):
             continue
         row = apply_penalties(logits[i], p, r.prompt_ids, r.output_ids) if _has_penalties(p) else logits[i]
-        if p.temperature == 0:
+        if is_greedy(p):
             tokens[i] = int(row.argmax())
             continue
         row = row[None] / p.temperature
@@ -155,7 +164,7 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """logits [B, V] -> token ids [B]."""
-    if params.temperature == 0:
+    if is_greedy(params):
         return logits.argmax(dim=-1)
     logits = logits.float() / params.temperature
     logits = top_p_filter(top_k_filter(logits, params.top_k), params.top_p)
