@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 # The CPU build of torch; pinned so a fresh machine does not pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test setup setup-dev clean
+.PHONY: demo test setup setup-dev browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ setup-dev: $(VENV)/.installed-dev  # [dev] = tests + reference libraries, [dist]
 demo: setup
 	$(VENV)/bin/tinystack run $(ARGS)
 
-test: setup-dev
+# The dashboard's browser test drives Debian's Chromium (Playwright never downloads a browser here).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: setup-dev browser
 	$(PY) -m pytest -q $(ARGS)
 
 clean:

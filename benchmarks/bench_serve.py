@@ -8,7 +8,9 @@ by the real server (uvicorn on 127.0.0.1) over an AsyncEngine with each schedule
     none        one sequence at a time
 
 and driven by our load generator (tinystack.serve.bench, closed loop) at concurrency
-1, 4, 16, 64: requests/s, output tokens/s, TTFT, TPOT and e2e latency (p50/p90/p99).
+1, 4, 16, 64: requests/s, output tokens/s, TTFT, TPOT and e2e latency (p50/p90/p99),
+and the server's latency breakdown (p50 of queue, prefill and decode time, from each
+stream's final `timing` chunk) with the segment that dominates.
 Prompts are 16 random token ids, 16 new tokens each (ignore_eos). Text is not what
 is measured: a stand-in tokenizer writes token ids as text.
 
@@ -20,10 +22,14 @@ depend on the model, and on a shared CPU a 124M model's own jitter (hundreds of 
 load) would bury a few milliseconds.
 
 Wall-clock times (a server is about latency as users see it); the machine is shared,
-so the load average is recorded. Writes benchmarks/results/serve.json and serve.png.
+so the load average is recorded. Writes benchmarks/results/serve.json, serve.png
+(throughput, p50) and serve_latency.png (e2e and TTFT p50/p90/p99 against concurrency).
 
-    .venv/bin/python benchmarks/bench_serve.py [--concurrency 1,4,16,64] [--modes continuous,dynamic,none]
-                                               [--n-layer 12] [--new 16] [--prompt 16] [--pairs 40]
+The default run is bounded (a few minutes on 2 shared cores): a 4-layer model of the
+124M shape, concurrency 1, 4, 16. `--full` is the 12-layer 124M run at 1, 4, 16, 64.
+
+    .venv/bin/python benchmarks/bench_serve.py [--full] [--concurrency 1,4,16] [--modes continuous,dynamic,none]
+                                               [--n-layer 4] [--new 16] [--prompt 16] [--pairs 30]
 """
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.config import ServeConfig  # noqa: E402
 from tinystack.infer import AsyncEngine, LLMEngine, SamplingParams  # noqa: E402
 from tinystack.serve import create_app, run_in_background  # noqa: E402
-from tinystack.serve.bench import run_load, summary  # noqa: E402
+from tinystack.serve.bench import breakdown_line, plot_percentiles, run_load, summary  # noqa: E402
 
 
 class NumberTokenizer(IdTokenizer):
@@ -83,12 +89,13 @@ def load_test(model, mode: str, concurrencies: list[int], prompt: int, new: int)
             for c in concurrencies:
                 n = max(8, 2 * c) if c < 16 else c
                 results, elapsed = asyncio.run(run_load(url, body, concurrency=c, num_requests=n, max_seconds=240))
-                row = {"mode": mode, "concurrency": c, **summary(results, elapsed)}
+                row = {"mode": mode, "concurrency": c, "n_layer": model.config.n_layer, **summary(results, elapsed)}
                 rows.append(row)
                 print(f"{mode:>10} c={c:<3} {row['requests_per_s']:7.2f} req/s {row['output_tokens_per_s']:8.1f} tok/s"
                       f"  TTFT p50 {row['ttft_ms']['p50']} ms  TPOT p50 {row['tpot_ms']['p50']} ms"
                       f"  e2e p50/p90/p99 {row['e2e_ms']['p50']}/{row['e2e_ms']['p90']}/{row['e2e_ms']['p99']} ms"
                       f"  errors {row['errors']}", flush=True)
+                print(f"{'':>10} {'':<5} breakdown: {breakdown_line(row)}", flush=True)
     finally:
         engine.shutdown()
     return rows
@@ -189,7 +196,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(title)
         ax.legend()
     b.set_yscale("log")
-    fig.suptitle("tinystack serve: GPT-2-124M shape, 16+16 tokens per request, CPU")
+    fig.suptitle(f"tinystack serve: GPT-2-124M shape ({rows[0].get('n_layer', '?')} layers), CPU")
     fig.tight_layout()
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png", dpi=110)
@@ -198,16 +205,21 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--full", action="store_true", help="the full run: --n-layer 12 --concurrency 1,4,16,64 "
+                                                        "--pairs 60")
+    ap.add_argument("--concurrency", default=None, help="default 1,4,16 (--full: 1,4,16,64)")
     ap.add_argument("--modes", default="continuous,dynamic,none")
-    ap.add_argument("--n-layer", type=int, default=12)
+    ap.add_argument("--n-layer", type=int, default=None, help="default 4 (--full: 12)")
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--new", type=int, default=16)
-    ap.add_argument("--pairs", type=int, default=60)
+    ap.add_argument("--pairs", type=int, default=None, help="default 30 (--full: 60)")
     ap.add_argument("--skip-load", action="store_true", help="only the HTTP overhead")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     ap.add_argument("--serve-only", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.concurrency = args.concurrency or ("1,4,16,64" if args.full else "1,4,16")
+    args.n_layer = args.n_layer or (12 if args.full else 4)
+    args.pairs = args.pairs or (60 if args.full else 30)
     torch.set_num_threads(args.threads)
     if args.serve_only:
         return serve_only(args.serve_only)
@@ -228,7 +240,10 @@ def main() -> None:
     res["wall_s"] = round(time.perf_counter() - t0, 1)
     write_json(RESULTS / "serve.json", finish(res))
     plot(rows, RESULTS / "serve.png")
-    print(f"wrote {RESULTS / 'serve.json'} and serve.png ({res['wall_s']} s)")
+    plot_percentiles(rows, RESULTS / "serve_latency.png",
+                     title=f"tinystack serve latency: GPT-2-124M shape, {args.n_layer} layers, "
+                           f"{args.prompt}+{args.new} tokens per request, CPU")
+    print(f"wrote {RESULTS / 'serve.json'}, serve.png and serve_latency.png ({res['wall_s']} s)")
 
 
 if __name__ == "__main__":

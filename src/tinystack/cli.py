@@ -1,4 +1,4 @@
-"""The one command line: `tinystack run | data | tokenizer | train | eval | generate | serve | bench | hash-key`.
+"""The one command line: `tinystack run | data | tokenizer | train | eval | generate | serve | bench | cost | hash-key`.
 
 Each layer keeps its own subcommands in `<layer>/commands.py`; this file only
 assembles them. Every subcommand takes `--config FILE.toml` and repeatable
@@ -22,6 +22,7 @@ from tinystack.config import ConfigError
 from tinystack.data.commands import app as data_app
 from tinystack.eval.commands import app as eval_app
 from tinystack.infer.commands import bench, generate
+from tinystack.observe.commands import cost
 from tinystack.serve.commands import bench_serve, hash_key, serve
 from tinystack.tokenizer.commands import app as tokenizer_app
 from tinystack.train.commands import train
@@ -48,6 +49,7 @@ app.command("train")(train)
 app.add_typer(eval_app, name="eval")
 app.command("generate")(generate)
 app.command("serve")(serve)
+app.command("cost")(cost)
 app.command("hash-key")(hash_key)
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measure: KV-cache decode speed, or a server under load.")

@@ -3,7 +3,7 @@
 Data flow of POST /v1/completions (chat and /generate are the same past parsing):
 
     HTTP request
-      -> RequestContextMiddleware  request id, timing "arrival", one JSON log line      (middleware.py)
+      -> RequestContextMiddleware  request id, timing "arrival", timing headers        (middleware.py)
       -> BodyLimitMiddleware       413 over max_body_bytes                              (body_limit.py)
       -> CompletionRequest         pydantic: types, ranges, no unknown fields -> 400   (openai_schemas.py)
       -> caller                    API key (Bearer, hashed, constant time) -> 401      (deps.py, auth.py)
@@ -15,6 +15,8 @@ Data flow of POST /v1/completions (chat and /generate are the same past parsing)
                                    async_adapter.py: AsyncEngine, threaded_adapter.py: Engine)
       -> openai_service            whole JSON answer, or SSE chunks + data: [DONE]     (openai_service.py)
     timeout -> abort + 504; engine fails/stalls -> abort + degraded/503; client gone -> abort
+    after sending -> Observer.finish (tinystack.observe): metrics, JSON log line, spans, cost,
+                     once every sequence's cost (RequestTracker / adapter on_usage) is in  (tracking.py)
 
 The lifespan builds the ServerState (state.py) and a watchdog that restarts a dead
 engine loop (watchdog.py). `create_app` builds the app (app.py); `serve_forever`

@@ -1,12 +1,15 @@
 """`create_app`: an Engine and a ServeConfig in, the FastAPI app out.
 
-    RequestContextMiddleware   request id, arrival time, one log line per request (middleware.py)
+    RequestContextMiddleware   request id, timing, timing headers; hands each finished request to
+                               the app's Observer: metrics, log line, spans, cost (middleware.py)
     BodyLimitMiddleware        413 for bodies over max_body_bytes, before they are read (body_limit.py)
     error handlers             one OpenAI-shaped error body for every failure (errors.py)
     routes                     /generate, /v1/*, /health, /ready, /metrics (routes.py)
     lifespan                   builds the ServerState (engine adapter, gate, breaker, rate
                                limiter, API keys, chat template) and the watchdog when the
-                               server starts; stops them when it stops (state.py, watchdog.py)
+                               server starts, and starts the Observer (engine gauges, batch
+                               sizes, GC pauses + gc.freeze, event-loop lag); stops them when
+                               it stops (state.py, watchdog.py, tinystack.observe.observer)
 
 Everything bound to an event loop is created inside the server's loop, so the same
 app object can be served more than once (e.g. twice by `run_in_background`).
@@ -23,6 +26,9 @@ from fastapi import FastAPI
 
 from tinystack.config import ServeConfig
 from tinystack.observe.logs import RequestLog
+from tinystack.observe.metrics import EngineReading, ServeMetrics
+from tinystack.observe.observer import Observer
+from tinystack.observe.tracing import make_tracer
 from tinystack.serve.auth import KeyChecker, load_key_hashes
 from tinystack.serve.body_limit import BodyLimitMiddleware
 from tinystack.serve.chat import ChatFormatter, load_chat_template
@@ -33,6 +39,7 @@ from tinystack.serve.protect import AdmissionGate, CircuitBreaker
 from tinystack.serve.ratelimit import RateLimiter
 from tinystack.serve.routes import router
 from tinystack.serve.state import ServerState
+from tinystack.serve.ui import ui_router
 from tinystack.serve.watchdog import watchdog
 
 logger = logging.getLogger("tinystack.serve")
@@ -53,14 +60,24 @@ def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = No
                        chat=ChatFormatter(load_chat_template(model_dir), eos_token=eos), model_name=name)
 
 
+def _engine_reading(app: FastAPI) -> EngineReading | None:
+    state = app.state.server
+    if state is None:
+        return None
+    s = state.adapter.stats()
+    return EngineReading(s.running, s.waiting, s.kv_usage, s.preemptions, s.prefix_cache_hits, s.prefix_cache_queries)
+
+
 def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None, *,
-               model_dir: str | Path | None = None) -> FastAPI:
+               model_dir: str | Path | None = None, span_exporter: Any = None) -> FastAPI:
     """The serving app for `engine` (a `tinystack.infer.Engine`).
 
     `request_log` receives one "request" line per HTTP request; the caller owns it
     (creates and closes it). `model_dir` is where the chat template
-    (tokenizer_config.json) and the default model name come from. Run the app with
-    `serve_forever` or `run_in_background`. `app.state.server` is the running ServerState.
+    (tokenizer_config.json) and the default model name come from. `span_exporter` (an
+    OpenTelemetry SpanExporter) receives the request spans, as `cfg.otel_exporter` would. Run the
+    app with `serve_forever` or `run_in_background`. `app.state.server` is the running ServerState,
+    `app.state.observer` the Observer (its `metrics.registry` is this app's own).
     """
 
     @asynccontextmanager
@@ -69,12 +86,14 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
         app.state.server = state
         logger.info("serving %s with %s", state.model_name, state.settings())
         dog = asyncio.create_task(watchdog(state.adapter, cfg.watchdog_interval_s))
+        observer.start(lambda: _engine_reading(app), state.adapter.add_step_listener)
         try:
             yield
         finally:
             dog.cancel()
             with suppress(asyncio.CancelledError):
                 await dog
+            await observer.stop()
             app.state.server = None
             state.adapter.close()
 
@@ -83,8 +102,13 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
     app.state.engine = engine
     app.state.serve_config = cfg
     app.state.server = None
+    observer = Observer(ServeMetrics(), request_log, make_tracer(cfg.otel_exporter, span_exporter),
+                        price_per_device_hour=cfg.price_per_device_hour, gc_freeze=cfg.gc_freeze,
+                        loop_lag_interval_s=cfg.loop_lag_interval_s)
+    app.state.observer = observer
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_body_bytes)  # inside: its 413s are logged
-    app.add_middleware(RequestContextMiddleware, request_log=request_log)
+    app.add_middleware(RequestContextMiddleware, observer=observer)
     app.include_router(router)
+    app.include_router(ui_router)  # GET / (playground), GET /dashboard (ui.py)
     return app

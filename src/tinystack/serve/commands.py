@@ -43,10 +43,17 @@ def serve(model: Annotated[Path, Opt(help="Model directory.")], config: ConfigOp
           rate_limit_tokens: Annotated[Optional[float], Opt(help="serve.rate_limit_tpm: tokens/min per key")] = None,
           shutdown_grace: Annotated[Optional[float], Opt(help="serve.shutdown_grace_s")] = None,
           drain_delay: Annotated[Optional[float], Opt(help="serve.drain_delay_s")] = None,
+          price_per_device_hour: Annotated[Optional[float], Opt(help="serve.price_per_device_hour: USD, for the "
+                                                                     "cost of each request")] = None,
+          otel_exporter: Annotated[Optional[str], Opt(help="serve.otel_exporter: '' | console | otlp")] = None,
+          gc_freeze: Annotated[Optional[bool], Opt("--gc-freeze/--no-gc-freeze", help="serve.gc_freeze")] = None,
+          loop_lag_interval: Annotated[Optional[float], Opt(help="serve.loop_lag_interval_s (0 = off)")] = None,
+          log_text: Annotated[Optional[bool], Opt("--log-text/--no-log-text",
+                                                  help="serve.log_text: prompts and outputs in the log")] = None,
           log: Annotated[Optional[Path], Opt(help="Request log (JSONL); default stderr.")] = None,
           log_level: Annotated[str, Opt(help="uvicorn log level")] = "info") -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), /generate,
-    /health and /ready with uvicorn."""
+    /health, /ready and Prometheus /metrics with uvicorn (gc.freeze() once the model is loaded)."""
     from tinystack.observe import setup_request_log
     from tinystack.serve import create_app, serve_forever
     from tinystack.serve.engine_adapter import load_engine
@@ -59,19 +66,28 @@ def serve(model: Annotated[Path, Opt(help="Model directory.")], config: ConfigOp
                  fallback_text=fallback_text, breaker_failures=breaker_failures, breaker_cooldown_s=breaker_cooldown,
                  watchdog_interval_s=watchdog_interval, api_key_env=api_key_env, api_key_file=api_key_file,
                  open_health=open_health, rate_limit_rpm=rate_limit, rate_limit_tpm=rate_limit_tokens,
-                 shutdown_grace_s=shutdown_grace, drain_delay_s=drain_delay)
+                 shutdown_grace_s=shutdown_grace, drain_delay_s=drain_delay,
+                 price_per_device_hour=price_per_device_hour, otel_exporter=otel_exporter, gc_freeze=gc_freeze,
+                 loop_lag_interval_s=loop_lag_interval, log_text=log_text)
     scfg = replace(cfg.serve, **{k: v for k, v in flags.items() if v is not None})
     try:
         engine = load_engine(model, scfg.batching, scfg.max_num_seqs, cfg.run.device)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    request_log = setup_request_log(log, stream=None if log else sys.stderr)
+    request_log = setup_request_log(log, stream=None if log else sys.stderr, include_text=scfg.log_text)
     typer.echo(f"tinystack serve: {model} on http://{scfg.host}:{scfg.port}", err=True)
     for key, value in sorted(vars(scfg).items()):
         typer.echo(f"  {key} = {value!r}", err=True)
     try:
-        serve_forever(create_app(engine, scfg, request_log=request_log, model_dir=model), scfg.host, scfg.port,
-                      log_level, shutdown_grace_s=scfg.shutdown_grace_s, drain_delay_s=scfg.drain_delay_s)
+        app = create_app(engine, scfg, request_log=request_log, model_dir=model)
+    except (ValueError, ImportError) as e:  # e.g. an unknown otel_exporter, or the [otel] extra missing
+        request_log.close()
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
+        raise typer.BadParameter(str(e)) from None
+    try:
+        serve_forever(app, scfg.host, scfg.port, log_level, shutdown_grace_s=scfg.shutdown_grace_s,
+                      drain_delay_s=scfg.drain_delay_s)
     finally:
         request_log.close()
         if hasattr(engine, "shutdown"):
@@ -96,8 +112,11 @@ def bench_serve(url: Annotated[Optional[str], Opt(help="A running server's base 
                 prompt: str = "Return the number of items in the list",
                 max_tokens: int = 16, max_seconds: float = 120.0,
                 api_key: Annotated[Optional[str], Opt(envvar="TINYSTACK_API_KEY")] = None,
-                out: Annotated[Optional[Path], Opt(help="Write the figures as JSON here.")] = None) -> None:
-    """Load-test the OpenAI endpoint (closed loop or Poisson): requests/s, tokens/s, TTFT, TPOT, e2e p50/p90/p99."""
+                out: Annotated[Optional[Path], Opt(help="Write the figures as JSON here.")] = None,
+                plot: Annotated[Optional[Path], Opt(help="Write a PNG of latency p50/p90/p99 vs concurrency.")] = None
+                ) -> None:
+    """Load-test the OpenAI endpoint (closed loop or Poisson): requests/s, tokens/s, TTFT, TPOT, e2e p50/p90/p99,
+    and the latency breakdown (queue vs prefill vs decode, p50) with the segment that dominates."""
     import asyncio
     import json
     from contextlib import ExitStack
@@ -105,7 +124,7 @@ def bench_serve(url: Annotated[Optional[str], Opt(help="A running server's base 
     from tinystack.atomic import write_json
     from tinystack.config import ServeConfig
     from tinystack.serve import create_app, run_in_background
-    from tinystack.serve.bench import run_load, summary
+    from tinystack.serve.bench import breakdown_line, plot_percentiles, run_load, summary
     from tinystack.serve.engine_adapter import load_engine
 
     if (url is None) == (model is None):
@@ -127,6 +146,9 @@ def bench_serve(url: Annotated[Optional[str], Opt(help="A running server's base 
                 concurrency=c, num_requests=n, rate=rate, max_seconds=max_seconds, headers=headers))
             rows.append({"concurrency": c, "rate": rate, **summary(results, elapsed)})
             typer.echo(json.dumps(rows[-1]))
+            typer.echo(f"concurrency {c}: {breakdown_line(rows[-1])}")
     if out:
         write_json(out, {"url": url if model is None else None, "model": str(model) if model else None,
                          "batching": batching if model else None, "rows": rows})
+    if plot:
+        plot_percentiles(rows, plot, title=f"tinystack bench serve ({batching if model else url})")

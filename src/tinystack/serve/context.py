@@ -2,19 +2,17 @@
 
 Created by `RequestContextMiddleware` when a request arrives and stored in the ASGI
 scope's state, so dependencies, routes and error handlers can all reach it
-(`get_context(request)` or `Depends(request_context)`), and the middleware writes
-it to the request log once the response is sent.
+(`get_context(request)` or `Depends(request_context)`), and the middleware hands it
+to the app's Observer (log line, metrics, traces, cost) once the response is sent.
 """
 from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.requests import Request
 
-from tinystack.observe.timing import RequestTiming
+from tinystack.observe.record import RequestRecord
 
 REQUEST_ID_HEADER = "x-request-id"
 STATE_KEY = "tinystack_ctx"
@@ -29,18 +27,9 @@ def new_request_id(incoming: str | None = None) -> str:
     return uuid.uuid4().hex
 
 
-@dataclass
-class RequestContext:
-    """What the server knows about one request; `fields` end up in its log line."""
-
-    request_id: str
-    timing: RequestTiming
-    fields: dict[str, Any] = field(default_factory=dict)
-
-    def mark_returned(self) -> None:
-        """Mark the `returned` point unless it already is (the response is ready)."""
-        if not self.timing.is_marked("returned"):
-            self.timing.mark("returned")
+class RequestContext(RequestRecord):
+    """What the server knows about one request (tinystack.observe.RequestRecord: id, timing, log
+    fields, engine usage, key id, route); the Observer records it once the response is sent."""
 
 
 def get_context(request: Request) -> RequestContext | None:

@@ -37,7 +37,7 @@ async def caller(request: Request, state: State, ctx: Context) -> str:
     if who is None:
         raise ApiError(401, "missing or invalid API key (send Authorization: Bearer <key>)", "invalid_api_key",
                        AUTH_ERROR, headers={"WWW-Authenticate": "Bearer"})
-    ctx.fields["key_id"] = who
+    ctx.key_id = who  # the key hash's first 12 hex digits: in the log line and cost metrics, never the key
     return who
 
 
@@ -61,6 +61,7 @@ def validated_request(body: GenerateRequest, state: State, ctx: Context) -> Prep
             e.status, e.code = 422, "validation_error"
         raise
     ctx.fields["prompt_tokens"] = len(prep.prompt_ids)
+    ctx.timing.mark_clamped("validated")
     return prep
 
 

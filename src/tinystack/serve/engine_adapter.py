@@ -1,7 +1,11 @@
 """The one place that knows the inference engine's API: everything else in serve/ talks to an `EngineAdapter`.
 
-    adapter.stream(request_id, prompt_ids, SamplingParams) -> async iterator of TokenEvent
-                                                              (ends at EOS / stop / max_tokens)
+    adapter.stream(request_id, prompt_ids, SamplingParams, on_usage=)
+                                              -> async iterator of TokenEvent (ends at EOS / stop /
+                                                 max_tokens); on_usage(SequenceUsage) is called on
+                                                 the event loop exactly once per sequence, when the
+                                                 engine reports what it did and cost (finished,
+                                                 aborted: shortly after the abort, or failed)
     adapter.abort(request_id)                 -> the sequence stops, its KV memory is freed at once
     adapter.stats()                           -> running / waiting / KV in use
     adapter.is_alive(), restart(), last_step_age_s()   -> /health and the watchdog
@@ -18,9 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from tinystack.infer.sampler import SamplingParams
+from tinystack.observe.usage import SequenceUsage
+
+UsageCallback = Callable[[SequenceUsage], None]
 
 
 class RequestRejected(ValueError):
@@ -38,8 +45,6 @@ class TokenEvent:
     token_id: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
-    started_at: float | None = None  # first token only: perf_counter when the sequence started running
-    prefill_s: float | None = None  # first token only: time of the prompt's forward pass
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,10 @@ class EngineStats:
     max_num_seqs: int
     kv_blocks_used: int | None = None  # paged cache only
     kv_blocks_free: int | None = None
+    kv_usage: float = 0.0  # share of the KV cache in use (0-1)
+    preemptions: int = 0  # totals since the engine started (paged cache only)
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
 
 
 class EngineAdapter(Protocol):
@@ -62,7 +71,9 @@ class EngineAdapter(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
     def token_text(self, token_id: int) -> str: ...
-    def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]: ...
+    def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+               on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]: ...
+    def add_step_listener(self, listener: Callable[[Any], None]) -> Callable[[], None]: ...
     def abort(self, request_id: str) -> None: ...
     def stats(self) -> EngineStats: ...
     def is_alive(self) -> bool: ...

@@ -2,8 +2,10 @@
 
     admit(state, key, prep)           rate limit (429 + Retry-After) -> circuit breaker
                                       (open: fallback / 503) -> admission gate (429 + Retry-After)
-    run(state, prep)                  async iterator of Delta (generation.py), or a single
-                                      `Fallback` when the engine failed and a fallback is set
+    run(state, prep, usage)           async iterator of Delta (generation.py), or a single
+                                      `Fallback` when the engine failed and a fallback is set;
+                                      `usage` (observe.RequestUsage) gets every choice's engine
+                                      stamps and cost, aborted ones included
 
     deadline passed       -> every choice aborted, ApiError 504
     engine raised/stalled -> every choice aborted, breaker.record_failure(),
@@ -20,6 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from tinystack.observe.usage import RequestUsage
 from tinystack.serve.errors import SERVER_ERROR, TIMEOUT, ApiError
 from tinystack.serve.generation import DeadlineExceeded, Delta, EngineFailed, EngineStalled, generate
 from tinystack.serve.requests import Prepared
@@ -56,7 +59,8 @@ def check_rate(state: ServerState, key: str, prep: Prepared) -> None:
                    "rate_limit_exceeded", "rate_limit_error", headers={"Retry-After": str(retry)})
 
 
-async def run(state: ServerState, prep: Prepared) -> AsyncIterator[Delta | Fallback]:
+async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = None
+              ) -> AsyncIterator[Delta | Fallback]:
     """Deltas of the request's choices (see the module docstring). Raises ApiError."""
     cfg = state.cfg
     if not state.breaker.allow():
@@ -76,7 +80,7 @@ async def run(state: ServerState, prep: Prepared) -> AsyncIterator[Delta | Fallb
     settled = False
     try:
         deltas = generate(state.adapter, prep.prompt_ids, prep.params, n=prep.n, stops=prep.stops,
-                          deadline=loop.time() + prep.timeout_s, stall_timeout_s=cfg.stall_timeout_s)
+                          deadline=loop.time() + prep.timeout_s, stall_timeout_s=cfg.stall_timeout_s, usage=usage)
         try:
             async for delta in deltas:
                 yield delta

@@ -1,8 +1,9 @@
 """Run the n choices of one request on the engine and merge them into one stream of `Delta`s.
 
-    generate(adapter, prompt_ids, params, n=, stops=, deadline=, stall_timeout_s=)
+    generate(adapter, prompt_ids, params, n=, stops=, deadline=, stall_timeout_s=, usage=)
       -> one task per choice: adapter.stream(request_id-i) -> IncrementalText (stop strings)
       -> one asyncio.Queue -> Delta(index, text, tokens, finish_reason) in arrival order
+      -> each choice's engine usage (stamps, tokens, cost) -> usage.add, also when aborted
 
 Failure modes, all raised from the iterator, all of which abort every choice (so
 the engine frees their KV memory at once) before they propagate:
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Sequence
 
 from tinystack.infer.sampler import SamplingParams
+from tinystack.observe.usage import RequestUsage, SequenceUsage
 from tinystack.serve.detok import IncrementalText
 from tinystack.serve.engine_adapter import EngineAdapter, TokenEvent
 
@@ -50,11 +52,14 @@ class Delta:
 
 
 async def _run_choice(adapter: EngineAdapter, request_id: str, index: int, prompt_ids: list[int],
-                      params: SamplingParams, stops: Sequence[str], out: asyncio.Queue) -> None:
+                      params: SamplingParams, stops: Sequence[str], out: asyncio.Queue,
+                      usage: RequestUsage | None, started: list[bool]) -> None:
+    started[index] = True  # no suspension from here to the adapter's stream body: it will report usage
     text = IncrementalText(adapter.decode, stops)
     count = 0
     try:
-        async with aclosing(adapter.stream(request_id, prompt_ids, params)) as tokens:
+        async with aclosing(adapter.stream(request_id, prompt_ids, params,
+                                           usage.add if usage is not None else None)) as tokens:
             async for event in tokens:
                 count += 1
                 delta = text.push(event.token_id)
@@ -70,16 +75,22 @@ async def _run_choice(adapter: EngineAdapter, request_id: str, index: int, promp
 
 
 async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
-                   stops: Sequence[str] = (), deadline: float, stall_timeout_s: float) -> AsyncIterator[Delta]:
-    """Deltas of all n choices (see the module docstring). `deadline` is on the loop's clock."""
+                   stops: Sequence[str] = (), deadline: float, stall_timeout_s: float,
+                   usage: RequestUsage | None = None) -> AsyncIterator[Delta]:
+    """Deltas of all n choices (see the module docstring). `deadline` is on the loop's clock.
+    `usage` expects n sequence reports; each choice's adapter stream delivers one."""
     loop = asyncio.get_running_loop()
     base = uuid.uuid4().hex
     ids = [f"{base}-{i}" for i in range(n)]
     queue: asyncio.Queue = asyncio.Queue()
     tasks = []
+    started = [False] * n
+    if usage is not None:
+        usage.expect(n)
     for i, rid in enumerate(ids):
         p = params if params.seed is None else replace(params, seed=params.seed + i)
-        tasks.append(asyncio.create_task(_run_choice(adapter, rid, i, prompt_ids, p, stops, queue)))
+        tasks.append(asyncio.create_task(_run_choice(adapter, rid, i, prompt_ids, p, stops, queue, usage,
+                                                     started)))
     finished = 0
     try:
         while finished < n:
@@ -104,3 +115,6 @@ async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: Sampli
             adapter.abort(rid)
         for t in tasks:
             t.cancel()
+        if usage is not None:  # a choice cancelled before it started never reached the engine
+            for i in (i for i in range(n) if not started[i]):
+                usage.add(SequenceUsage(ids[i], len(prompt_ids), 0, None))

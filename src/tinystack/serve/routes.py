@@ -4,15 +4,19 @@
     POST /v1/completions         OpenAI completions, whole or streamed (SSE)
     POST /v1/chat/completions    OpenAI chat completions, whole or streamed (SSE)
     GET  /v1/models              the one model served
-    GET  /health  /ready  /metrics   open unless cfg.open_health is false
+    GET  /health  /ready            open unless cfg.open_health is false
+    GET  /metrics                   Prometheus text format (tinystack.observe.metrics); open likewise
+    GET  /metrics.json              the counters and settings as JSON (the serving layer's own view)
 """
 from __future__ import annotations
 
+import time
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tinystack.observe.metrics import CONTENT_TYPE
 from tinystack.serve import openai_service, service
 from tinystack.serve.deps import Caller, Context, State, Validated, open_or_caller
 from tinystack.serve.disconnect import ClientDisconnected, unless_disconnected
@@ -48,17 +52,17 @@ async def generate(request: Request, req: Validated, state: State, ctx: Context,
 async def _openai(request: Request, state: State, ctx: Context, who: str, kind: openai_service.Kind,
                   prep: Prepared) -> Any:
     ctx.fields.update(prompt_tokens=len(prep.prompt_ids), n=prep.n, stream=prep.stream)
+    ctx.timing.mark_clamped("validated")
     check_rate(state, who, prep)
-    ctx.timing.mark("enqueue")
     if not prep.stream:
         try:
-            body = await unless_disconnected(request, openai_service.complete(state, kind, prep))
+            body = await unless_disconnected(request, openai_service.complete(state, kind, prep, ctx))
         except ClientDisconnected:
             state.count("aborted")
             return _closed_response()
         ctx.fields.update(completion_tokens=body["usage"]["completion_tokens"], degraded=body.get("degraded", False))
         return JSONResponse(body)  # already JSON-ready: skip FastAPI's jsonable_encoder pass
-    events = openai_service.stream(state, kind, prep)
+    events = openai_service.stream(state, kind, prep, ctx)
     try:
         first = await unless_disconnected(request, events.__anext__())  # errors before the 1st token: real status
     except (ApiError, ClientDisconnected, StopAsyncIteration) as e:
@@ -68,16 +72,25 @@ async def _openai(request: Request, state: State, ctx: Context, who: str, kind: 
             return _closed_response()
         raise
 
+    ttft = ctx.timing.seconds("ttft_ms")
+    if ttft is None:  # the engine's stamp comes at the end; the first token is here now
+        ttft = time.perf_counter() - ctx.timing.points["arrival"]
+
     async def body() -> AsyncIterator[bytes]:
+        complete = False
         try:
             yield first
             async for chunk in events:
                 yield chunk
+            complete = True
         finally:  # also on client disconnect (Starlette cancels us): aborts the sequences
+            if not complete:
+                ctx.failure = ctx.failure or "aborted"
             await events.aclose()
 
     return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      "x-time-to-first-token": f"{ttft:.6f}"})
 
 
 @router.post("/v1/completions", responses=_ERRORS)
@@ -117,8 +130,15 @@ async def ready(state: State) -> Any:
     return JSONResponse(body, status_code=status)
 
 
-@router.get("/metrics", dependencies=_OPEN)
-async def metrics(state: State) -> dict[str, Any]:
+@router.get("/metrics", dependencies=_OPEN, response_class=Response)
+async def metrics(request: Request, state: State) -> Response:
+    """Prometheus metrics (text exposition format): latency histograms, tokens, failures, cost per key,
+    engine gauges, GC pauses and event-loop lag (see tinystack.observe.metrics)."""
+    return Response(request.app.state.observer.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/metrics.json", dependencies=_OPEN)
+async def metrics_json(state: State) -> dict[str, Any]:
     """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts) and the settings."""
     s = state.adapter.stats()
     return {"counters": dict(state.counters), "breaker": state.breaker.state, "in_flight": state.gate.in_flight,

@@ -29,13 +29,24 @@ class GenerateRequest(BaseModel):
 
 
 class Timing(BaseModel):
-    """Milliseconds, rounded to 0.01 (see tinystack.observe.timing). queue + inference <= total."""
+    """Milliseconds, rounded to 0.01 (see tinystack.observe.timing); null when not measured.
 
-    queue_ms: float
-    inference_ms: float
-    total_ms: float
-    prefill_ms: float
-    decode_ms: float
+    validate + queue + prefill + decode + respond = total; inference = prefill + decode;
+    ttft = arrival -> first token; tpot = decode / (tokens - 1). cpu_ms / device_ms /
+    cost_usd: the request's share of the engine steps it took part in (tinystack.observe.cost)."""
+
+    validate_ms: float | None = None
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    respond_ms: float | None = None
+    inference_ms: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    total_ms: float | None = None
+    cpu_ms: float | None = None
+    device_ms: float | None = None
+    cost_usd: float | None = None
 
 
 class GenerateResponse(BaseModel):

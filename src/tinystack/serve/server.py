@@ -54,10 +54,17 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+# Idle keep-alive connections are closed after this long. uvicorn's default (5 s) equals httpx's
+# own pool expiry, so a client could reuse a connection in the very moment the server closed it:
+# the request then fails with a read error (seen under load). Outlasting the clients (nginx uses
+# 75 s) means the client always closes an idle connection first.
+KEEP_ALIVE_S = 75
+
+
 def serve_forever(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", *,
                   shutdown_grace_s: float = 10.0, drain_delay_s: float = 0.0) -> None:
     """Serve `app` on host:port until SIGTERM / Ctrl-C, then drain gracefully (see the module docstring)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S,
                             timeout_graceful_shutdown=max(1, int(round(shutdown_grace_s))))
     DrainingServer(config, drain_delay_s).run()
 
@@ -94,7 +101,7 @@ def run_in_background(app: Any, host: str = "127.0.0.1", port: int = 0, *, start
     """
     sock = _bind(host, port)
     actual_port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level=log_level, lifespan="on",
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=KEEP_ALIVE_S,
                             timeout_graceful_shutdown=max(1, int(shutdown_timeout_s)))
     server = DrainingServer(config)
     failure: list[BaseException] = []

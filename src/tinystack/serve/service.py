@@ -1,68 +1,29 @@
 """What the native routes do, kept out of the route functions: /generate, /health, /ready, /v1/models.
 
     POST /generate: Prepared -> execution.run (protections, engine) -> GenerateResponse
-        timing: enqueue when admitted to run, start when the engine began the sequence,
-        end at its last token, returned when the answer is built (tinystack.observe)
+        timing (tracking.py): enqueued before admission, scheduled / first_token / last_token
+        from the engine's stamps, returned when the answer is built (tinystack.observe)
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from tinystack.observe.timing import RequestTiming
 from tinystack.serve.context import RequestContext
 from tinystack.serve.execution import Fallback, run
-from tinystack.serve.generation import Delta
 from tinystack.serve.requests import Prepared
 from tinystack.serve.schemas import GenerateResponse, HealthResponse, Timing
 from tinystack.serve.state import ServerState
-
-
-class TimingTracker:
-    """Marks start / end on a request's timing from the deltas it receives.
-
-    start = when the engine began the sequence (a TokenEvent's `started_at`, if the
-    adapter knows it), else when the first token arrived; prefill = the engine's
-    `prefill_s`, else start -> first token."""
-
-    def __init__(self, timing: RequestTiming) -> None:
-        self.timing = timing
-        self._started: float | None = None
-        self._prefill_s: float | None = None
-        self._first: float | None = None
-
-    def see(self, item: Delta | Fallback) -> None:
-        if not isinstance(item, Delta):
-            return
-        for ev in item.tokens:
-            if self._first is None:
-                self._first = time.perf_counter()
-            if ev.started_at is not None and self._started is None:
-                self._started, self._prefill_s = ev.started_at, ev.prefill_s
-
-    def done(self) -> None:
-        t, now = self.timing, time.perf_counter()
-        if not t.is_marked("start"):
-            floor = max(t.points.values(), default=now)
-            start = self._started or self._first or now
-            t.mark("start", at=min(max(start, floor), now))
-        if not t.is_marked("end"):
-            t.mark("end", at=max(now, t.points["start"]))
-        start = t.points["start"]
-        prefill_s = self._prefill_s if self._prefill_s is not None else \
-            (max(0.0, self._first - start) if self._first is not None else 0.0)
-        t.prefill_ms = prefill_s * 1e3
-        t.decode_ms = max(0.0, (t.inference_ms or 0.0) - t.prefill_ms)
+from tinystack.serve.tracking import RequestTracker, timing_body
 
 
 async def generate(state: ServerState, prep: Prepared, ctx: RequestContext) -> GenerateResponse:
     """Run one /generate request; records counts and finish_reason for the log line."""
     ctx.fields["prompt"] = prep.prompt  # dropped by RequestLog unless it was set up with include_text
-    ctx.timing.mark("enqueue")
-    tracker = TimingTracker(ctx.timing)
+    tracker = RequestTracker(ctx)
+    tracker.enqueued()
     text, tokens, finish, degraded = "", [], "length", False
     try:
-        async for item in run(state, prep):
+        async for item in run(state, prep, tracker.usage):
             tracker.see(item)
             if isinstance(item, Fallback):
                 text, tokens, finish, degraded = item.text, [], "stop", True
@@ -73,10 +34,11 @@ async def generate(state: ServerState, prep: Prepared, ctx: RequestContext) -> G
     finally:
         tracker.done()
     ctx.fields.update(completion_tokens=len(tokens), finish_reason=finish, text=text, degraded=degraded)
+    ctx.finish_reasons = [finish]
     ctx.mark_returned()
     return GenerateResponse(text=text, tokens=tokens, prompt_tokens=len(prep.prompt_ids),
                             completion_tokens=len(tokens), finish_reason=finish, degraded=degraded,
-                            timing=Timing.model_validate(ctx.timing.to_dict()))
+                            timing=Timing.model_validate(timing_body(ctx, state.cfg.price_per_device_hour)))
 
 
 def health(state: ServerState) -> tuple[HealthResponse, int]:

@@ -1,0 +1,101 @@
+"""What one request used on the engine: its sequences' timing stamps, tokens and cost.
+
+    engine adapter, once per sequence (finished OR aborted)  -> SequenceUsage
+        -> RequestUsage.add()   (on the event loop)
+    all `expected` sequences reported                        -> settled: callbacks run
+
+A request with n choices runs n engine sequences; its usage is their sum (tokens,
+CPU and device seconds) and their envelope in time (first scheduled = earliest,
+last token = latest). An aborted sequence (timeout, client gone, stop string cut by
+the server) still reports what it cost, a little after the abort: the request's
+log line and metrics wait for it (`when_settled`), so what was paid is never lost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class SequenceUsage:
+    """One engine sequence. Stamps are `time.perf_counter` readings, None when it never got there."""
+
+    request_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None  # the engine's: "stop" | "length" | "abort"; None when the engine failed
+    scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    cpu_s: float = 0.0
+    device_s: float = 0.0
+
+
+@dataclass
+class RequestUsage:
+    """The sequences of one request, reported as they end (see the module docstring)."""
+
+    expected: int = 0
+    sequences: list[SequenceUsage] = field(default_factory=list)
+    _callbacks: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def expect(self, n: int) -> None:
+        """`n` more sequences were sent to the engine; each will report once."""
+        self.expected += n
+
+    def add(self, seq: SequenceUsage) -> None:
+        """A sequence's report (call on the event loop). Runs the callbacks when the last one arrives."""
+        self.sequences.append(seq)
+        if self.settled:
+            self._fire()
+
+    def settle(self) -> None:
+        """Stop waiting (the engine died, or a report is overdue): runs the callbacks with what is known."""
+        self.expected = len(self.sequences)
+        self._fire()
+
+    @property
+    def settled(self) -> bool:
+        return len(self.sequences) >= self.expected
+
+    def when_settled(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once every sequence has reported (at once if they have)."""
+        if self.settled:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def _fire(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb()
+
+    # ------------------------------------------------------------ totals
+    @property
+    def scheduled(self) -> float | None:
+        return min((s.scheduled for s in self.sequences if s.scheduled is not None), default=None)
+
+    @property
+    def first_token(self) -> float | None:
+        return min((s.first_token for s in self.sequences if s.first_token is not None), default=None)
+
+    @property
+    def last_token(self) -> float | None:
+        return max((s.last_token for s in self.sequences if s.last_token is not None), default=None)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens the engine computed: each sequence that got scheduled fed its prompt."""
+        return sum(s.prompt_tokens for s in self.sequences if s.scheduled is not None)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.sequences)
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(s.cpu_s for s in self.sequences)
+
+    @property
+    def device_s(self) -> float:
+        return sum(s.device_s for s in self.sequences)

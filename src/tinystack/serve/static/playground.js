@@ -1,0 +1,131 @@
+// The playground: POST /v1/completions with stream=true, show the text as it arrives, then the
+// request's timing bar.
+//
+// The answer is server-sent events over a POST, so it is read with fetch + a stream reader
+// (EventSource can only GET): events are separated by a blank line, each `data: <json>`, the
+// last `data: [DONE]`. With stream_options.include_usage the final chunk (choices: []) carries
+// the usage and, when the server provides it, the `timing` object (see timing.js).
+import { authHeaders, errorMessage, fmtMs, setupKeyField } from "/ui/ui.js";
+import { resolveTiming } from "/ui/timing.js";
+
+const $ = (id) => document.getElementById(id);
+let controller = null;  // AbortController of the request in flight
+
+/** The request body from the form; numbers are sent as numbers (the API is strict). */
+function requestBody() {
+  const num = (id, parse) => { const v = $(id).value.trim(); return v === "" ? null : parse(v); };
+  const body = {
+    prompt: $("prompt").value,
+    max_tokens: num("max_tokens", (v) => parseInt(v, 10)),
+    temperature: num("temperature", parseFloat),
+    top_p: num("top_p", parseFloat),
+    top_k: num("top_k", (v) => parseInt(v, 10)),
+    seed: num("seed", (v) => parseInt(v, 10)),
+    stream: true,
+    stream_options: { include_usage: true },
+  };
+  for (const k of Object.keys(body)) if (body[k] === null || Number.isNaN(body[k])) delete body[k];
+  return body;
+}
+
+function setState(state, text) {
+  $("status").dataset.state = state;
+  $("status").textContent = text;
+  $("send").disabled = state === "streaming";
+  $("stop").disabled = state !== "streaming";
+}
+
+function showError(message) {
+  $("error").hidden = false;
+  $("error").textContent = message;
+}
+
+/** Yield the parsed `data:` payloads of an SSE byte stream ("[DONE]" is yielded as the string). */
+async function* sseEvents(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += value.replace(/\r\n?/g, "\n");
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const event = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      const data = event.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (data) yield data === "[DONE]" ? data : JSON.parse(data);
+    }
+  }
+}
+
+function renderTiming(t) {
+  const total = t.total_ms || 0;
+  $("timing").hidden = false;
+  $("timing-total").textContent = `total ${fmtMs(total)}` + (t.ttft_ms !== null ? ` \u00b7 first token ${fmtMs(t.ttft_ms)}` : "");
+  $("timing-bar").replaceChildren(...t.segments.map((s) => {
+    const span = document.createElement("span");
+    span.className = `seg-${s.name}`;
+    span.dataset.segment = s.name;
+    span.dataset.ms = String(s.ms);
+    span.style.width = `${total > 0 ? (100 * s.ms) / total : 0}%`;
+    span.title = `${s.name} ${fmtMs(s.ms)}`;
+    return span;
+  }));
+  $("timing-bar").dataset.totalMs = String(total);
+  $("timing-legend").replaceChildren(...t.segments.map((s) => {
+    const item = document.createElement("span");
+    item.innerHTML = `<i class="seg-${s.name}"></i>`;
+    item.append(`${s.name} ${fmtMs(s.ms)}`);
+    return item;
+  }));
+  const used = [...new Set(Object.values(t.sources))];
+  $("timing-source").textContent = `from: ${used.join(", ") || "nothing measured"}`;
+}
+
+async function send(event) {
+  event.preventDefault();
+  if (controller) return;
+  controller = new AbortController();
+  $("output").textContent = "";
+  $("error").hidden = true;
+  $("timing").hidden = true;
+  setState("streaming", "streaming\u2026");
+  const t0 = performance.now();
+  let tFirst = null, timing = null, usage = null, headers = null, failed = false;
+  try {
+    const resp = await fetch("/v1/completions", {
+      method: "POST", signal: controller.signal,
+      headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
+      body: JSON.stringify(requestBody()),
+    });
+    headers = resp.headers;
+    if (!resp.ok) throw new Error(await errorMessage(resp));
+    for await (const msg of sseEvents(resp.body)) {
+      if (tFirst === null) tFirst = performance.now();
+      if (msg === "[DONE]") break;
+      if (msg.error) { failed = true; showError(msg.error.message || JSON.stringify(msg.error)); continue; }
+      for (const c of msg.choices || []) if (c.text) $("output").append(c.text);
+      if (msg.usage) usage = msg.usage;
+      if (msg.timing) timing = msg.timing;
+    }
+  } catch (e) {
+    failed = true;
+    showError(e.name === "AbortError" ? "stopped" : String(e.message || e));
+  } finally {
+    controller = null;
+  }
+  const tEnd = performance.now();
+  if (headers && (tFirst !== null || headers.get("x-total-time"))) {
+    const client = { ttft_ms: tFirst === null ? null : tFirst - t0, total_ms: tEnd - t0 };
+    renderTiming(resolveTiming(timing, headers, client));
+  }
+  const tokens = usage ? ` \u00b7 ${usage.prompt_tokens} prompt + ${usage.completion_tokens} generated tokens` : "";
+  setState(failed ? "error" : "done", (failed ? "failed" : "done") + tokens);
+}
+
+setupKeyField();
+$("form").addEventListener("submit", send);
+$("stop").addEventListener("click", () => controller && controller.abort());
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("form").requestSubmit();
+});
