@@ -87,3 +87,38 @@ def test_index_from_jsonl_answers_eval_queries(tmp_path):
     assert idx.contains(queries) == [True, False, True]
     m = idx.query(queries)
     assert m[0].index == 7 and 0.8 <= m[0].jaccard < 1 and m[2].jaccard == 1.0
+
+
+def test_leakage_reusing_dedup_signatures_equals_hashing_again(tmp_path, monkeypatch):
+    """Near dedup at 0.97 keeps the planted copies (J ~0.75-0.9); the leakage check at
+    0.6 must catch those that cross splits, with the signatures the dedup step made
+    (the default) exactly as with signatures computed from the written files."""
+    import numpy as np
+
+    from tinystack.data import leakage
+
+    rng = random.Random(9)
+    rows = [{"text": distinct_text(1000 * s + i, 40), "source": f"site{s}"} for s in range(30) for i in range(6)]
+    for k in range(40):
+        rows.append({"text": _edit(rows[rng.randrange(180)]["text"], rng, rng.randrange(6, 12)), "source": f"m{k}"})
+    path = write_lines(tmp_path / "in.jsonl", [json.dumps(r) for r in rows])
+    kw = dict(near_dedup=NearDupParams(threshold=0.97), leakage=NearDupParams(threshold=0.6),
+              val_fraction=0.2, test_fraction=0.2)
+    adopted = []
+    real_adopt = leakage.LeakageCheck.adopt
+    monkeypatch.setattr(leakage.LeakageCheck, "adopt", lambda self, *a: adopted.append(1) or real_adopt(self, *a))
+    m1 = prepare([path], tmp_path / "reuse", **kw)
+    monkeypatch.setattr(leakage.LeakageCheck, "adopt", lambda self, *a: None)  # -> hash the files again
+    m2 = prepare([path], tmp_path / "hash", **kw)
+    assert adopted == [1]
+    assert m1["leakage"] == m2["leakage"] > 0
+    assert m1["hash"] == m2["hash"]  # identical split files
+    l1, l2 = (next(s for s in m["steps"] if s["name"] == "leakage") for m in (m1, m2))
+    assert l1["dropped"] == l2["dropped"] and l1["extra"]["leaked"] == l2["extra"]["leaked"]
+    assert _cross_split_pairs(tmp_path / "reuse")[1] == 0  # none >= 0.85 crosses splits
+    # compaction in place equals a gather, across chunk boundaries
+    monkeypatch.setattr(leakage, "_COMPACT_CHUNK", 7)
+    buf = np.arange(100 * 3, dtype=np.uint32).reshape(100, 3)
+    keep = np.sort(np.random.default_rng(0).choice(100, 41, replace=False))
+    want = buf[keep].copy()
+    assert np.array_equal(leakage.compact_rows(buf, keep), want)

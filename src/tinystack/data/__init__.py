@@ -15,7 +15,8 @@ kept and what it dropped (and why):
                                    verification (neardup.py) + union-find (unionfind.py);
                                    `cluster_id` on every record; ray_engine.py on Ray Data
       -> split       split.py      by source (SHA-256 order) or by time cutoffs; never random
-      -> leakage     pipeline.py   val/test near copies of train removed (NearDupIndex)
+      -> leakage     leakage.py    val/test near copies of train removed (NearDupIndex,
+                                   neardup_index.py, built from the dedup signatures)
       -> out_dir/{train,val,test}.jsonl, rejected.jsonl, manifest.json (pipeline.py)
 
 Records stream through generators; steps that must see everything first park them
@@ -37,7 +38,8 @@ from tinystack.data.filters import (CharsetFilter, QualityParams, RepetitionFilt
 from tinystack.data.formats import FieldMap, read_csv, read_parquet, write_parquet, write_records
 from tinystack.data.minhash import MinHasher, MinHashParams
 from tinystack.data.near_dedup import NearDedup
-from tinystack.data.neardup import Match, NearDupIndex, NearDupParams, find_pairs
+from tinystack.data.neardup import NearDupParams, find_pairs
+from tinystack.data.neardup_index import Match, NearDupIndex
 from tinystack.data.ngram_lm import CharNgramLM, PerplexityFilter
 from tinystack.data.manifest import split_files_hash, verify_data_dir
 from tinystack.data.pipeline import prepare

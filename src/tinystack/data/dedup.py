@@ -6,7 +6,10 @@ use, so "exact duplicate" and "Jaccard 1.0" agree). Why SHA-256 and not
 Python's `hash()`: `hash(str)` is salted per process (PYTHONHASHSEED), so it is not
 reproducible across runs, and 64 bits invite collisions at scale; a cryptographic
 digest is stable everywhere and a collision (two different texts treated as one) is
-not a practical concern. Only the 32-byte digests are kept in memory, not the texts.
+not a practical concern. Only digests are kept in memory, not the texts: the step
+keys its table on the first 16 bytes (128 bits: a collision needs ~2**64 distinct
+texts, and a 16-byte `bytes` is 49 bytes of memory instead of 65), and the source
+names it stores are shared objects, one per distinct source, not one per record.
 
 The *first* occurrence in input order is kept, so the result is deterministic for a
 given input order. Dedup runs before the split, so no exact duplicate can end up in
@@ -19,6 +22,7 @@ in its original's cluster (the ``dedup`` command).
 from __future__ import annotations
 
 import hashlib
+from typing import Iterable, Iterator
 
 from tinystack.data.clean import normalize_text
 from tinystack.data.shingles import canonical
@@ -52,15 +56,22 @@ class ExactDedup(Step):
     def __init__(self, casefold: bool = False) -> None:
         super().__init__()
         self.casefold = casefold
-        self._first_source: dict[bytes, str] = {}  # digest -> source of the kept copy
+        self._first_source: dict[bytes, str] = {}  # 16-byte digest -> source of the kept copy
+        self._sources: dict[str, str] = {}  # one shared str per distinct source
         self._groups: set[bytes] = set()
         self.stats.extra.update(duplicate_groups=0, cross_source=0)
 
+    def __call__(self, records: Iterable[Record]) -> Iterator[Record]:
+        """One stream per step. When it is exhausted the table is dropped, so the phases
+        that follow in `prepare` (near-dedup pairs, the leakage index) get its memory."""
+        yield from super().__call__(records)
+        self._first_source, self._sources, self._groups = {}, {}, set()
+
     def process(self, record: Record) -> Record | str:
-        key = exact_key(record.text, self.casefold)
+        key = exact_key(record.text, self.casefold)[:16]
         first = self._first_source.get(key)
         if first is None:
-            self._first_source[key] = record.source
+            self._first_source[key] = self._sources.setdefault(record.source, record.source)
             return record
         if key not in self._groups:
             self._groups.add(key)

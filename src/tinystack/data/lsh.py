@@ -14,9 +14,10 @@ only has to *not miss* true pairs, so the dedup asks for ``min_recall=0.999`` at
 the threshold (b=18, r=7 at 0.85) and verification throws out the extra false
 candidates.
 
-`band_keys` hashes each band to one uint64 (vectorised, deterministic) and
-`candidate_pairs` groups equal keys by sorting: no dict per band, no Python loop per
-document.
+`band_key` hashes one band of every signature to one uint64 (vectorised,
+deterministic; band by band, so a large index never holds all bands' keys and their
+temporaries at once) and `band_candidates` groups equal keys by sorting: no dict per
+band, no Python loop per document.
 """
 from __future__ import annotations
 
@@ -62,18 +63,30 @@ def optimal_bands(threshold: float, num_perm: int = 128, fp_weight: float = 0.5,
     return best
 
 
-def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    """(n, bands) uint64: each band's r values folded into one well-mixed key.
+def band_key(sigs: np.ndarray, band: int, rows: int) -> np.ndarray:
+    """(n,) uint64: band `band`'s r values of every signature folded into one well-mixed key.
 
     The band index is mixed in, so equal values in different bands never collide.
+    One band at a time keeps the temporaries at 8 bytes a document (all bands at
+    once cost ~5 x 8 x bands bytes a document in intermediate arrays).
     """
-    n = sigs.shape[0]
+    if (band + 1) * rows > sigs.shape[1]:
+        raise ValueError(f"band {band} x {rows} rows exceeds signature length {sigs.shape[1]}")
+    key = np.full(sigs.shape[0], mix64(np.array([band + 1], dtype=np.uint64))[0], dtype=np.uint64)
+    for j in range(band * rows, (band + 1) * rows):
+        key ^= sigs[:, j]  # uint32 -> uint64 in place
+        key = mix64(key)
+    return key
+
+
+def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n, bands) uint64: `band_key` of every band (for small batches of signatures)."""
     if bands * rows > sigs.shape[1]:
         raise ValueError(f"bands*rows = {bands * rows} > signature length {sigs.shape[1]}")
-    key = np.broadcast_to(mix64(np.arange(bands, dtype=np.uint64) + np.uint64(1)), (n, bands)).copy()
-    for j in range(rows):  # row j of every band at once: columns j, r + j, 2r + j, ...
-        key = mix64(key ^ sigs[:, j : bands * rows : rows].astype(np.uint64))
-    return key
+    out = np.empty((sigs.shape[0], bands), dtype=np.uint64)
+    for b in range(bands):
+        out[:, b] = band_key(sigs, b, rows)
+    return out
 
 
 def _bucket_pairs(order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -94,10 +107,11 @@ def _bucket_pairs(order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     return np.concatenate(out) if out else np.zeros((0, 2), dtype=np.int64)
 
 
-def band_candidates(keys: np.ndarray, band: int) -> np.ndarray:
-    """(m, 2) int64 pairs (i < j, possibly repeated) sharing their key in one band."""
-    n = keys.shape[0]
-    col = keys[:, band]
+def band_candidates(keys: np.ndarray, band: int | None = None) -> np.ndarray:
+    """(m, 2) int64 pairs (i < j, possibly repeated) sharing their key in one band:
+    `keys` is one band's (n,) key column, or an (n, bands) matrix and `band` a column."""
+    col = keys if band is None else keys[:, band]
+    n = col.shape[0]
     order = np.argsort(col, kind="stable")
     sk = col[order]
     change = np.flatnonzero(sk[1:] != sk[:-1]) + 1

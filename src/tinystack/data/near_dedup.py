@@ -17,10 +17,18 @@ Flow (memory: the signature index only; records wait in an on-disk `Spool`):
 ``cluster_id`` is the 0-based position, in this step's input, of the cluster's
 survivor: deterministic for a given input order, and equal for all members.
 ``stats.extra``: clusters (with >= 2 members), candidate_pairs, verified_pairs, bands.
+
+After the run the step still holds the signatures (``signatures``: one row per
+signed record; ``signature_rows``: the input position of each row), so `prepare`
+can build its leakage index from them instead of hashing the texts again
+(`take_signatures` hands them over and forgets them). Per-record bookkeeping is in
+typed arrays (8 bytes a record), not lists of Python ints (~36 bytes).
 """
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from array import array
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable, Iterator
 
@@ -63,14 +71,24 @@ class NearDedup:
         self.exact, self.workers, self.on_removed, self.progress = exact, workers, on_removed, progress
         self.stats = StepStats(self.name)
         self.roots: np.ndarray | None = None
+        self.signatures: np.ndarray | None = None  # (signed records, num_perm), kept after the run
+        self.signature_rows: np.ndarray | None = None  # input position of each signature row
 
-    def _pass1(self, records: Iterable[Record], spool: Spool, first_of: list[int]) -> Iterator[list[str]]:
+    def take_signatures(self) -> tuple[np.ndarray, np.ndarray]:
+        """(signatures, signature_rows) of the last run; the step drops its references."""
+        if self.signatures is None or self.signature_rows is None:
+            raise RuntimeError("near dedup has not run (or its signatures were taken)")
+        out = (self.signatures, self.signature_rows)
+        self.signatures = self.signature_rows = None
+        return out
+
+    def _pass1(self, records: Iterable[Record], spool: Spool, first_of: array) -> Iterator[list[str]]:
         """Spool records; yield batches of texts that need a signature."""
         seen: dict[bytes, int] = {}
         batch: list[str] = []
         for i, r in enumerate(records):
             spool.append(r)
-            key = exact_key(r.text) if self.exact else None
+            key = exact_key(r.text)[:16] if self.exact else None  # 128 bits, as in ExactDedup
             if key is not None and key in seen:
                 first_of.append(seen[key])
                 continue
@@ -90,22 +108,31 @@ class NearDedup:
                texts_of: Callable[[np.ndarray], dict[int, str]] | None) -> np.ndarray:
         """Verified pairs of signature rows. `batches` (the texts to sign, in order) must be
         consumed before `rows_ready()` (row -> record index) and `texts_of` are usable."""
-        parts = list(signature_batches(batches, self.params, self.workers))
-        rows_ready()
-        sigs = np.concatenate(parts) if parts else np.zeros((0, self.params.num_perm), np.uint32)
+        P = self.params.num_perm
+        # Batches go to a temporary file and come back as one array: a list of blocks
+        # plus their concatenation would hold the index twice (and freed blocks stay
+        # in the heap, so the peak RSS would keep both).
+        with tempfile.TemporaryFile() as f:
+            n = 0
+            for sig in signature_batches(batches, self.params, self.workers):
+                f.write(np.ascontiguousarray(sig, dtype=np.uint32).tobytes())
+                n += len(sig)
+            rows_ready()
+            f.seek(0)
+            self.signatures = sigs = np.fromfile(f, dtype=np.uint32, count=n * P).reshape(n, P)
         pairs, _ = find_pairs(sigs, self.params, texts_of, self.stats.extra)
         return pairs
 
     def __call__(self, records: Iterable[Record]) -> Iterator[Record]:
         spool = Spool()
         try:
-            first_of: list[int] = []  # record index -> index of its first exact copy
+            first_of = array("q")  # record index -> index of its first exact copy
             rows = np.zeros(0, dtype=np.int64)  # signature row -> record index
 
             def rows_ready() -> np.ndarray:
                 nonlocal rows
-                firsts = np.asarray(first_of, dtype=np.int64)
-                rows = np.flatnonzero(firsts == np.arange(len(firsts)))
+                firsts = np.array(first_of, dtype=np.int64)
+                rows = self.signature_rows = np.flatnonzero(firsts == np.arange(len(firsts)))
                 return rows
 
             def texts_of(ix: np.ndarray) -> dict[int, str]:  # signature rows -> texts, from the spool
@@ -115,7 +142,7 @@ class NearDedup:
             pairs = self._pairs(self._pass1(records, spool, first_of), rows_ready,
                                 texts_of if self.params.verify == "exact" else None)
             n = len(spool)
-            firsts = np.asarray(first_of, dtype=np.int64)
+            firsts = np.array(first_of, dtype=np.int64)
             all_pairs = np.concatenate([rows[pairs].reshape(-1, 2),
                                         np.stack([firsts, np.arange(n)], axis=1)[firsts != np.arange(n)]])
             self.roots = roots = cluster_roots(n, all_pairs)

@@ -1,5 +1,4 @@
-"""Near-duplicate detection: signatures -> LSH candidates -> verified pairs -> clusters,
-and `NearDupIndex`, the reusable "is a near copy of this text in that corpus?" API.
+"""Near-duplicate detection: signatures -> LSH candidates -> verified pairs -> clusters.
 
 Verification (why it matters): banding at 0.85 is tuned to *see* nearly every pair
 at the threshold (`lsh.optimal_bands(..., min_recall=0.999)`), which also lets through
@@ -16,27 +15,24 @@ many pairs below it. Each candidate is therefore checked:
 Clusters come from union-find over the verified pairs; a cluster's root is its
 smallest index (first in input order), the deterministic survivor.
 
-`NearDupIndex` keeps signatures plus, per band, the sorted band keys, so a query is
-a `np.searchsorted` per band: the evaluation layer builds one from ``train.jsonl``
-(`NearDupIndex.from_jsonl`) and asks `contains(texts)` / `query(texts)`.
+`NearDupIndex` (neardup_index.py, also importable from here) is the reusable
+"is a near copy of this text in that corpus?" index built on these functions.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-from tinystack.data.lsh import band_candidates, band_keys, optimal_bands, unique_pairs
-from tinystack.data.minhash import MinHasher, MinHashParams, jaccard_std
+from tinystack.data.lsh import band_candidates, band_key, optimal_bands, unique_pairs
+from tinystack.data.minhash import MinHashParams, jaccard_std
 from tinystack.data.shingles import Unit, exact_jaccard, shingle_set
 from tinystack.data.unionfind import UnionFind
 
 EXACT_MARGIN = 4.0  # standard deviations below the threshold still sent to the exact check
 _EXACT_CHUNK = 1024  # pairs whose shingle sets are held at once during exact verification
-_VERIFY_CHUNK = 1 << 13  # candidate pairs compared per vectorised batch (~8 MiB of gathered rows)
+_VERIFY_CHUNK = 1 << 12  # candidate pairs compared per vectorised batch (~4 MiB of gathered rows)
 
 
 @dataclass(frozen=True)
@@ -82,7 +78,8 @@ def estimate_pairs(sig_a: np.ndarray, sig_b: np.ndarray, pairs: np.ndarray) -> n
     out = np.empty(len(pairs), dtype=np.float64)
     for s in range(0, len(pairs), _VERIFY_CHUNK):
         p = pairs[s : s + _VERIFY_CHUNK]
-        out[s : s + len(p)] = (sig_a[p[:, 0]] == sig_b[p[:, 1]]).mean(axis=1)
+        # count_nonzero: .mean() would first convert the (pairs, P) booleans to float64
+        out[s : s + len(p)] = np.count_nonzero(sig_a[p[:, 0]] == sig_b[p[:, 1]], axis=1) / sig_a.shape[1]
     return out
 
 
@@ -125,11 +122,10 @@ def find_pairs(sigs: np.ndarray, params: NearDupParams, texts_of: TextsOf | None
     ``candidate_pairs`` (summed over bands) and ``screened_pairs``.
     """
     b, r = params.bands
-    keys = band_keys(sigs, b, r)
     n, kept, total = len(sigs), [], 0
     floor = params.estimate_floor
     for band in range(b):
-        cand = band_candidates(keys, band)
+        cand = band_candidates(band_key(sigs, band, r))
         total += len(cand)
         est = estimate_pairs(sigs, sigs, cand)
         kept.append(cand[est >= floor])
@@ -146,152 +142,10 @@ def cluster_roots(n: int, pairs: np.ndarray) -> np.ndarray:
     return uf.roots()
 
 
-@dataclass
-class Match:
-    """A query's best verified match in the index: row `index`, similarity `jaccard`."""
+def __getattr__(name: str):  # `NearDupIndex` and `Match` live in neardup_index.py; old imports keep working
+    if name in ("NearDupIndex", "Match"):
+        from tinystack.data import neardup_index
 
-    index: int
-    jaccard: float
+        return getattr(neardup_index, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-@dataclass
-class NearDupIndex:
-    """MinHash-LSH index over a corpus, queried with new texts.
-
-    >>> idx = NearDupIndex.from_jsonl("data/train.jsonl")
-    >>> idx.contains(["some eval prompt", ...])   # -> [False, True, ...]
-
-    Exact verification needs the indexed texts: `add(texts)` keeps them in memory
-    (``keep_texts=False``: estimate-only verification for those rows); `add_jsonl`
-    / `from_jsonl` keep only line offsets and re-read the few lines a query needs.
-    """
-
-    params: NearDupParams = field(default_factory=NearDupParams)
-    keep_texts: bool = True
-
-    def __post_init__(self) -> None:
-        self.hasher = MinHasher(self.params.minhash)
-        self._sigs: list[np.ndarray] = []
-        self._texts: list[str] = []  # texts added with `add` (keep_texts=True)
-        self._files: list[tuple[int, Path, str, np.ndarray]] = []  # (first row, path, field, line offsets)
-        self._adding_file = False
-        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # per band: keys, order
-
-    def __len__(self) -> int:
-        return sum(len(s) for s in self._sigs)
-
-    def add(self, texts: Iterable[str], batch: int = 1024) -> None:
-        buf: list[str] = []
-        for t in texts:
-            buf.append(t)
-            if len(buf) == batch:
-                self._add_batch(buf)
-                buf = []
-        if buf:
-            self._add_batch(buf)
-
-    def _add_batch(self, texts: list[str]) -> None:
-        self._sigs.append(self.hasher.signatures(texts))
-        if self.keep_texts and not self._adding_file:
-            self._texts.extend(texts)
-        self._sorted = None
-
-    def add_jsonl(self, path: str | Path, text_field: str = "text") -> int:
-        """Index every line's `text_field`; keep only byte offsets (texts are re-read on
-        demand for exact verification). Returns the number of records added."""
-        path = Path(path)
-        offsets: list[int] = []
-
-        def texts() -> Iterator[str]:
-            with open(path, "rb") as f:
-                pos = 0
-                for line in f:
-                    if line.strip():
-                        offsets.append(pos)
-                        yield json.loads(line)[text_field]
-                    pos += len(line)
-
-        first = len(self)
-        self._adding_file = True
-        try:
-            self.add(texts())
-        finally:
-            self._adding_file = False
-        self._files.append((first, path, text_field, np.asarray(offsets, dtype=np.int64)))
-        return len(offsets)
-
-    @classmethod
-    def from_jsonl(cls, path: str | Path, params: NearDupParams | None = None, text_field: str = "text") -> "NearDupIndex":
-        """An index over the `text_field` of every line of a JSONL file (e.g. a train split)."""
-        idx = cls(params or NearDupParams())
-        idx.add_jsonl(path, text_field)
-        return idx
-
-    @property
-    def signatures(self) -> np.ndarray:
-        if len(self._sigs) > 1:
-            self._sigs = [np.concatenate(self._sigs)]
-        return self._sigs[0] if self._sigs else np.zeros((0, self.params.num_perm), dtype=np.uint32)
-
-    def _texts_of(self, idx: np.ndarray) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for first, path, field_, offsets in self._files:
-            mine = [int(i) for i in idx if first <= i < first + len(offsets)]
-            if mine:
-                with open(path, "rb") as f:
-                    for i in mine:
-                        f.seek(int(offsets[i - first]))
-                        out[i] = json.loads(f.readline())[field_]
-        for i in idx:
-            if int(i) not in out and self._texts:
-                out[int(i)] = self._texts[int(i) - self._n_file_rows(int(i))]
-        return out
-
-    def _n_file_rows(self, i: int) -> int:
-        """Rows from files before row i (texts added with `add` are stored without them)."""
-        return sum(len(o) for first, _, _, o in self._files if first < i)
-
-    def _band_index(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._sorted is None:
-            b, r = self.params.bands
-            keys = band_keys(self.signatures, b, r)
-            order = np.argsort(keys, axis=0, kind="stable")
-            self._sorted = (np.take_along_axis(keys, order, axis=0), order)
-        return self._sorted
-
-    def query(self, texts: Sequence[str]) -> list[Match | None]:
-        """For each text, its most similar verified near duplicate in the index, or None."""
-        texts = list(texts)
-        out: list[Match | None] = [None] * len(texts)
-        if not texts or len(self) == 0:
-            return out
-        qsig = self.hasher.signatures(texts)
-        skeys, order = self._band_index()
-        b, r = self.params.bands
-        qkeys = band_keys(qsig, b, r)
-        found = []
-        for band in range(b):
-            lo = np.searchsorted(skeys[:, band], qkeys[:, band], side="left")
-            hi = np.searchsorted(skeys[:, band], qkeys[:, band], side="right")
-            counts = hi - lo
-            if counts.sum() == 0:
-                continue
-            q = np.repeat(np.arange(len(texts)), counts)
-            pos = np.concatenate([np.arange(a, z) for a, z in zip(lo[counts > 0], hi[counts > 0])])
-            found.append(np.stack([q, order[pos, band]], axis=1))
-        if not found:
-            return out
-        pairs = np.unique(np.concatenate(found), axis=0)
-        est = estimate_pairs(qsig, self.signatures, pairs)
-        have_texts = self.keep_texts or bool(self._files)
-        pairs, jac = verify_pairs(pairs, est, self.params,
-                                  (lambda ix: {int(i): texts[i] for i in ix}) if have_texts else None,
-                                  self._texts_of if have_texts else None)
-        for (qi, ii), j in zip(pairs.tolist(), jac.tolist()):
-            if out[qi] is None or j > out[qi].jaccard:
-                out[qi] = Match(ii, j)
-        return out
-
-    def contains(self, texts: Sequence[str]) -> list[bool]:
-        """True where the index holds a near duplicate (Jaccard >= threshold) of the text."""
-        return [m is not None for m in self.query(texts)]

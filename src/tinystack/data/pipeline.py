@@ -11,7 +11,8 @@ Output directory layout:
 Streaming: records flow through generators; the steps that must see everything
 (near dedup, the source split) park records in on-disk spools, so memory holds the
 signature index and per-source counts, not the corpus. val/test are filtered for
-leakage against an index of train (then train + val) built from the written files.
+leakage against an index of train (then train + val) built from the written files
+(`leakage.LeakageCheck`, which reuses the near-dedup signatures when it can).
 
 Every file is written atomically. The old manifest is deleted *first* and the new one
 written *last*, so it acts as a commit marker: if a run dies halfway, the directory
@@ -25,9 +26,12 @@ drops and are itemised in rejected.jsonl).
 """
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
 
 from tinystack.atomic import write_json
 from tinystack.data.clean import LengthFilter, Normalize
@@ -35,8 +39,9 @@ from tinystack.data.dedup import ExactDedup
 from tinystack.data.filters import QualityParams
 from tinystack.data.formats import IDENTITY, FieldMap
 from tinystack.data.manifest import FORMAT, MANIFEST, combine_hashes, sha256_file
+from tinystack.data.leakage import LeakageCheck
 from tinystack.data.near_dedup import NearDedup
-from tinystack.data.neardup import NearDupIndex, NearDupParams
+from tinystack.data.neardup import NearDupParams
 from tinystack.data.progress import track
 from tinystack.data.readers import TextMode, input_files, read_inputs
 from tinystack.data.records import Record, write_jsonl
@@ -44,8 +49,6 @@ from tinystack.data.rejects import Rejects
 from tinystack.data.split import SPLITS, StreamSplitter
 from tinystack.data.spool import Spool
 from tinystack.data.steps import StepStats
-
-LEAK_BATCH = 2048  # val/test records queried against the index at a time
 
 
 def _read_step(stream: Iterable[Record], rejects: Rejects, stats: StepStats) -> Iterator[Record]:
@@ -63,31 +66,6 @@ def _check_accounting(chain: list[StepStats]) -> None:
     for a, b in zip(chain, chain[1:]):
         if a.kept != b.n_in:
             raise AssertionError(f"step {a.name} kept {a.kept} but step {b.name} received {b.n_in}")
-
-
-def _without_leaks(records: Iterable[Record], index: NearDupIndex | None, n_train: int, stats: StepStats,
-                   split: str) -> Iterator[Record]:
-    """Drop records with a near duplicate in the index (rows < n_train are train)."""
-    def flush(batch: list[Record]) -> Iterator[Record]:
-        matches = index.query([r.text for r in batch]) if index is not None else [None] * len(batch)
-        for r, m in zip(batch, matches):
-            stats.n_in += 1
-            if m is None:
-                stats.kept += 1
-                yield r
-                continue
-            reason = "leak_near_train" if m.index < n_train else "leak_near_val"
-            stats.dropped[reason] += 1
-            stats.add_example(r, reason)
-            stats.extra["leaked"][split] += 1
-
-    batch: list[Record] = []
-    for r in records:
-        batch.append(r)
-        if len(batch) == LEAK_BATCH:
-            yield from flush(batch)
-            batch = []
-    yield from flush(batch)
 
 
 def _split_info(records: Iterable[Record], info: dict[str, Any]) -> Iterator[Record]:
@@ -163,32 +141,36 @@ def prepare(
     for step in steps:
         stream = step(stream)
     spools = {k: Spool() for k in SPLITS}
+    cluster_ids = {k: array("q") for k in SPLITS}  # per split, each record's near-dedup cluster_id
     try:
         for name, r in splitter.route(track(stream, "kept", progress)):
             spools[name].append(r)
+            cluster_ids[name].append(r.extra.get("cluster_id", -1))
 
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / MANIFEST).unlink(missing_ok=True)  # uncommitted until the new one is written
         leak = StepStats("leakage", extra={"leaked": {"val": 0, "test": 0},
                                            "threshold": leakage.threshold if leakage else None})
-        index = NearDupIndex(leakage) if leakage is not None else None
+        check = LeakageCheck(leakage, leak) if leakage is not None else None
+        near = steps[-1] if near_dedup is not None else None
+        if check is not None and near is not None and near.signatures is not None \
+                and leakage.minhash == near_dedup.minhash:
+            check.adopt(*near.take_signatures(), {k: np.frombuffer(v, dtype=np.int64) for k, v in cluster_ids.items()})
+        del cluster_ids
         info: dict[str, dict[str, Any]] = {k: {} for k in SPLITS}
         files_out: dict[str, dict[str, Any]] = {}
-        n_train = 0
         for k in SPLITS:
             path = out_dir / f"{k}.jsonl"
             recs: Iterable[Record] = iter(spools[k])
-            if k == "train":  # never filtered for leakage: only val/test are
+            if k == "train" or check is None:  # train is never filtered for leakage: only val/test are
                 leak.n_in += len(spools[k])
                 leak.kept += len(spools[k])
             else:
-                recs = _without_leaks(recs, index if index is not None and len(index) else None, n_train, leak, k)
+                recs = check.filter(k, recs)
             write_jsonl(path, _split_info(recs, info[k]))
             files_out[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-            if index is not None and k != "test":
-                index.add_jsonl(path)
-                if k == "train":
-                    n_train = len(index)
+            if check is not None and k != "test":
+                check.index(k, path)
     finally:
         for s in spools.values():
             s.close()

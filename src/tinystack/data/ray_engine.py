@@ -114,6 +114,7 @@ class RayNearDedup(NearDedup):
             sigs = np.zeros((n, P), dtype=np.uint32)
             for b in signed.select_columns(["row", "sig"]).iter_batches(batch_format="numpy"):
                 sigs[b["row"]] = np.asarray(b["sig"], dtype=np.uint32)  # the index, on the driver
+            self.signatures = sigs  # kept for reuse, as in NearDedup
             cand = (signed.select_columns(["row", "keys"]).map_batches(_explode, batch_format="numpy")
                     .groupby(["band", "key"]).map_groups(_bucket, batch_format="numpy"))
             parts = [np.stack([np.asarray(b["a"]), np.asarray(b["b"])], axis=1)

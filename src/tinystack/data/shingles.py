@@ -58,11 +58,21 @@ def canonical(text: str, casefold: bool = True) -> str:
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser over a uint64 array (a bijection with full avalanche)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+    return _mix64_inplace(np.array(x, dtype=np.uint64))
+
+
+def _mix64_inplace(x: np.ndarray) -> np.ndarray:
+    """`mix64` overwriting the uint64 array `x`: one temporary instead of eight fresh
+    arrays (fresh large arrays cost page faults, which dominate at this size)."""
+    t = x >> np.uint64(30)
+    x ^= t
+    x *= _M1
+    np.right_shift(x, np.uint64(27), out=t)
+    x ^= t
+    x *= _M2
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
+    return x
 
 
 def _kgram_keys(codes: np.ndarray, k: int) -> np.ndarray:
@@ -70,9 +80,11 @@ def _kgram_keys(codes: np.ndarray, k: int) -> np.ndarray:
     n = len(codes) - k + 1
     if n <= 0:  # shorter than one shingle: the whole sequence is the only shingle
         n, k = 1, len(codes)
-    key = np.zeros(n, dtype=np.uint64)
-    for j in range(k):  # k array operations, not n*k Python steps
-        key = key * _BASE + codes[j : j + n]
+    key = codes[:n] * _BASE if k > 1 else codes[:n].astype(np.uint64)  # uint32 * uint64 -> uint64
+    for j in range(1, k):  # k array operations, not n*k Python steps
+        key += codes[j : j + n]
+        if j < k - 1:
+            key *= _BASE
     return key
 
 
@@ -87,24 +99,61 @@ def _word_codes(text: str) -> np.ndarray:
     return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
 
 
+def _char_keys_batch(texts: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """k-gram keys of several canonical texts at once: one encode and k array
+    operations over their concatenation, then the k-grams that straddle two texts
+    are dropped. Same keys, in the same order, as `_kgram_keys` text by text."""
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))  # code points
+    counts = np.where(lens >= k, lens - k + 1, np.minimum(lens, 1))
+    codes = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)  # widened by _kgram_keys
+    if len(codes) < k or (lens >= k).sum() == 0:
+        keys = [_kgram_keys(codes[s - n : s], k) for s, n in zip(np.cumsum(lens), lens) if n]
+        return (np.concatenate(keys) if keys else np.zeros(0, np.uint64)), counts
+    keys = _kgram_keys(codes, k)  # len(codes) - k + 1 windows
+    ends = np.cumsum(lens)
+    valid = np.ones(len(keys), dtype=bool)
+    for j in range(1, k):  # a window starting at end - j spans a text boundary
+        e = ends - j
+        valid[e[(e >= 0) & (e < len(keys))]] = False
+    keys = keys[valid]
+    short = np.flatnonzero((lens < k) & (lens > 0))
+    if len(short):  # texts shorter than k: one shingle each, the whole text
+        at = (np.cumsum(counts) - counts)[short]
+        keys = np.insert(keys, at - np.arange(len(short)),
+                         [_kgram_keys(codes[ends[i] - lens[i] : ends[i]], k)[0] for i in short])
+    return keys, counts
+
+
+def shingle_hashes_batch(texts: list[str], k: int = 3, unit: Unit = "char",
+                         casefold: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`shingle_hashes` of several texts: (all hashes concatenated, count per text).
+
+    Text i's hashes are ``out[offsets[i]:offsets[i + 1]]`` with offsets the cumulative
+    counts. For the char unit the texts share one encode and one pass of array
+    operations, which is what makes short documents cheap (a NumPy call costs ~1 us,
+    whatever its size).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    canon = [canonical(t, casefold) for t in texts]
+    if unit == "char":
+        keys, counts = _char_keys_batch(canon, k)
+    elif unit == "word":
+        parts = [_kgram_keys(_word_codes(t), k) if t else np.zeros(0, np.uint64) for t in canon]
+        counts = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        keys = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+    else:
+        raise ValueError(f"unit must be 'char' or 'word', got {unit!r}")
+    return _mix64_inplace(keys), counts
+
+
 def shingle_hashes(text: str, k: int = 3, unit: Unit = "char", casefold: bool = True) -> np.ndarray:
     """uint64 hashes of the k-shingles of `canonical(text)` (with repeats; min ignores them).
 
     An empty canonical text gives an empty array. A text shorter than k gives one
     shingle (the whole text), so short documents still get a signature.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    text = canonical(text, casefold)
-    if not text:
-        return np.zeros(0, dtype=np.uint64)
-    if unit == "char":
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
-    elif unit == "word":
-        codes = _word_codes(text)
-    else:
-        raise ValueError(f"unit must be 'char' or 'word', got {unit!r}")
-    return mix64(_kgram_keys(codes, k))
+    return shingle_hashes_batch([text], k, unit, casefold)[0]
 
 
 def sorted_unique(x: np.ndarray) -> np.ndarray:
