@@ -17,11 +17,29 @@ from tinystack.infer.paged_cache import BatchView, KVStorage
 from tinystack.infer.sequence import Sequence
 
 
+def head_column_major(model: torch.nn.Module) -> bool:
+    """Store the output head's weight [V, C] column-major (its transpose [C, V] contiguous); True if changed.
+
+    Same values, same memory. At batch 1 the head is a vector-matrix product over GPT-2's
+    largest matrix (50257 x 768, 154 MB), and on CPU `x @ W.T` runs ~1.4x faster when W.T
+    is the contiguous one (measured: 14.6 -> 10.4 ms). With a tied head the token embedding
+    shares the storage; its row lookups become strided, which costs nothing measurable.
+    """
+    head = getattr(model, "lm_head", None)
+    w = getattr(head, "weight", None)
+    if not isinstance(head, torch.nn.Linear) or w is None or w.device.type != "cpu" or not w.is_contiguous():
+        return False
+    with torch.no_grad():
+        w.data = w.data.t().contiguous().t()
+    return True
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, storage: KVStorage, device: str | torch.device = "cpu"):
         self.model = model
         self.storage = storage
         self.device = torch.device(device)
+        head_column_major(model)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
