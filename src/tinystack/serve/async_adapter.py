@@ -17,7 +17,6 @@ starts a fresh AsyncEngine over the same LLMEngine (weights and KV storage are k
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, AsyncIterator, Callable
 
 from tinystack.infer import AsyncEngine
@@ -52,7 +51,6 @@ class AsyncEngineAdapter:
         self._block_bytes = self.llm.storage.nbytes // max(1, self.llm.block_manager.num_blocks)
         self._live: dict[str, Any] = {}  # request id -> RequestStream
         self._drains: set[asyncio.Task] = set()  # cost reports of aborted sequences, awaited
-        self._last_progress = time.monotonic()
 
     # ---------------------------------------------------------------- text
     def encode(self, text: str) -> list[int]:
@@ -70,7 +68,8 @@ class AsyncEngineAdapter:
         return self.engine.is_alive()
 
     def last_step_age_s(self) -> float:
-        return time.monotonic() - self._last_progress if self.engine.num_running else 0.0
+        """The engine loop's own clock (it marks every pass, steps without output included); 0 when idle."""
+        return self.engine.last_step_age_s() if self.engine.num_running else 0.0
 
     def kill(self, reason: str = "engine loop stopped") -> None:
         """Stop the engine thread: every live sequence fails with EngineDead (what a crash looks like)."""
@@ -85,7 +84,6 @@ class AsyncEngineAdapter:
             self.llm.abort(rid)  # the old thread is gone: free the blocks from here
         self.engine = AsyncEngine(self.llm)
         self.restarts += 1
-        self._last_progress = time.monotonic()
 
     def close(self) -> None:
         """The server stops: abort what it still has in the engine; the engine's owner shuts it down."""
@@ -128,7 +126,6 @@ class AsyncEngineAdapter:
         reported = False
         try:
             async for delta in stream:
-                self._last_progress = time.monotonic()
                 if delta.finished:  # before the last tokens: whoever sees the end sees the cost
                     report(_usage(request_id, n, delta.output))
                     reported = True
