@@ -172,6 +172,7 @@ class InferConfig:
     cpu_memory_fraction: float = 0.25
     max_batch: int = 16  # dynamic batcher: flush at this many requests ...
     max_wait_s: float = 0.05  # ... or when the oldest has waited this long
+    hugepages: bool = True  # CPU: weights and KV cache in 2 MiB pages (infer/weight_arena.py)
 
     def engine_kwargs(self) -> dict[str, Any]:
         return {"kv_cache": self.kv_cache, "scheduler": self.scheduler, "block_size": self.block_size,
@@ -179,7 +180,7 @@ class InferConfig:
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "memory_limit": self.memory_limit_mb * 2**20 or None, "memory_buffer": self.memory_buffer,
                 "cpu_memory_fraction": self.cpu_memory_fraction, "max_batch": self.max_batch,
-                "max_wait": self.max_wait_s}
+                "max_wait": self.max_wait_s, "hugepages": self.hugepages}
 
 
 @dataclass

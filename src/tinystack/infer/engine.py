@@ -25,6 +25,7 @@ import torch
 from tinystack.infer.kv_cache import KVCache
 from tinystack.infer.llm_engine import PromptTooLongError
 from tinystack.infer.sampler import SampleRow, SamplingParams, sample_batch
+from tinystack.infer.weight_arena import place_weights
 from tinystack.model.io import load_model
 
 __all__ = ["Engine", "Generation", "PromptTooLongError"]
@@ -45,6 +46,7 @@ class Engine:
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu"):
         """`tokenizer`: anything with encode_ordinary / decode / eos_token_id (BPETokenizer, infer.tokenizer)."""
         self.model = model.to(device).eval()
+        place_weights(self.model)  # 2 MiB pages, column-major head: the same fast decode as LLMEngine
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_seq_len = model.config.max_seq_len

@@ -42,7 +42,7 @@ class LLMEngine:
                  memory_limit: int | None = None, memory_buffer: float = 0.2, cpu_memory_fraction: float = 0.25,
                  num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = True, max_batch: int = 16, max_wait: float = 0.05,
-                 stream_text: bool = False, verbose: bool = True):
+                 stream_text: bool = False, hugepages: bool = True, verbose: bool = True):
         if kv_cache not in ("paged", "contiguous"):
             raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
         if scheduler not in ("continuous", "dynamic"):
@@ -62,11 +62,13 @@ class LLMEngine:
         if verbose:  # on stderr: stdout may be a stream of generated text
             print(self.budget.describe(), file=sys.stderr, flush=True)
         self.storage = KVStorage(cfg.n_layer, self.budget.num_blocks, block_size, cfg.n_kv_head, cfg.head_dim,
-                                 self.dtype, self.device)
+                                 self.dtype, self.device, hugepages)
         self.block_manager = BlockManager(self.budget.num_blocks, block_size, enable_prefix_caching)
         self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_batch, max_wait) if scheduler == "dynamic"
                                      else Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens))
-        self.runner = ModelRunner(model, self.storage, self.device)
+        self.runner = ModelRunner(model, self.storage, self.device, hugepages)
+        if verbose and self.runner.arena is not None:
+            print(self.runner.arena, file=sys.stderr, flush=True)
         self.stream_text = stream_text
         self.kv_cache, self.scheduler_kind = kv_cache, scheduler
         self._seqs: dict[str, Sequence] = {}

@@ -7,7 +7,9 @@
                     -> logits [R, V] at each row's last fed token
 
 Prefill chunks and single-token decodes share one call; only the rows' last
-positions go through the output head.
+positions go through the output head. At start-up the runner moves the model's weights
+into one arena of 2 MiB pages with the head column-major (weight_arena.py): decode is
+bound by streaming the weights, and that is where the stream runs fastest.
 """
 from __future__ import annotations
 
@@ -15,31 +17,17 @@ import torch
 
 from tinystack.infer.paged_cache import BatchView, KVStorage
 from tinystack.infer.sequence import Sequence
-
-
-def head_column_major(model: torch.nn.Module) -> bool:
-    """Store the output head's weight [V, C] column-major (its transpose [C, V] contiguous); True if changed.
-
-    Same values, same memory. At batch 1 the head is a vector-matrix product over GPT-2's
-    largest matrix (50257 x 768, 154 MB), and on CPU `x @ W.T` runs ~1.4x faster when W.T
-    is the contiguous one (measured: 14.6 -> 10.4 ms). With a tied head the token embedding
-    shares the storage; its row lookups become strided, which costs nothing measurable.
-    """
-    head = getattr(model, "lm_head", None)
-    w = getattr(head, "weight", None)
-    if not isinstance(head, torch.nn.Linear) or w is None or w.device.type != "cpu" or not w.is_contiguous():
-        return False
-    with torch.no_grad():
-        w.data = w.data.t().contiguous().t()
-    return True
+from tinystack.infer.weight_arena import ArenaReport, place_weights
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, storage: KVStorage, device: str | torch.device = "cpu"):
+    def __init__(self, model: torch.nn.Module, storage: KVStorage, device: str | torch.device = "cpu",
+                 hugepages: bool = True):
         self.model = model
         self.storage = storage
         self.device = torch.device(device)
-        head_column_major(model)
+        # decode streams every weight once per step: 2 MiB pages and a column-major head (weight_arena.py)
+        self.arena: ArenaReport | None = place_weights(model, hugepages)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:

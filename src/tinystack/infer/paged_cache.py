@@ -20,16 +20,27 @@ new tensor moved ~8x more bytes than reading each row's own keys where they lie.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+from tinystack.infer.weight_arena import hugepage_empty
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, hugepages: bool) -> torch.Tensor:
+    """Zeros; on the CPU in 2 MiB pages, mapped lazily (decode reads the cache every step, like the weights)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return hugepage_empty(nbytes, hugepages).view(dtype).view(shape)
 
 
 class KVStorage:
     def __init__(self, n_layer: int, num_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", hugepages: bool = True):
         shape = (n_layer, num_blocks, block_size, n_kv_head, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = (_zeros(shape, dtype, torch.device(device), hugepages) for _ in "kv")
         self.block_size = block_size
 
     @staticmethod
