@@ -47,7 +47,9 @@ def gpt2_124m(block_size: int = 1024, seed: int = 0, n_layer: int = 12):
 
 def machine() -> dict:
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "loadavg_at_start": os.getloadavg()}
+            "python": platform.python_version(), "loadavg_at_start": os.getloadavg(),
+            # PyTorch's allocator asks for 2 MiB pages for every tensor when this is set (see BENCHMARKS.md)
+            "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE")}
 
 
 def finish(res: dict) -> dict:
