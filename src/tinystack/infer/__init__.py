@@ -3,7 +3,8 @@
     LLM(model_dir) / AsyncEngine.from_dir(model_dir)          llm.py, async_engine.py
       load: model.io (ours, HF GPT-2, HF Llama family) + tokenizer.json (tokenizer.py),
             optional INT8 weights (quant.py); backend "numpy" drives nn.gpt (numpy_backend.py)
-      LLMEngine (llm_engine.py): the memory budget (memory.py) sizes the KV storage
+      LLMEngine (llm_engine.py): the memory budget (memory.py) sizes the KV storage; weights and
+        KV storage go into 2 MiB pages, the output head column-major (weight_arena.py)
         add_request -> Sequence (sequence.py) -> scheduler queue
         step: Scheduler (scheduler.py: continuous batching, chunked prefill, preemption)
               or DynamicBatcher (batcher.py)      picks [(seq, n tokens)] within the budgets

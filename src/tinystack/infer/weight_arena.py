@@ -87,8 +87,8 @@ def place_weights(model: torch.nn.Module, hugepages: bool = True) -> ArenaReport
 
     Values are unchanged (copies); Parameter objects keep their identity, so tied weights stay
     tied and optimisers or hooks holding them still see them. `hugepages=False` keeps ordinary
-    pages (for comparisons). Returns None (and does nothing)
-    for a model that is not on the CPU or was placed already."""
+    pages (for comparisons). Returns None, doing nothing, for a model that is not a torch module,
+    not on the CPU, or placed already (a model is placed once, by the first engine given it)."""
     if not isinstance(model, torch.nn.Module):  # e.g. the NumPy backend: its arrays are its own
         return None
     tensors = list(model.parameters()) + list(model.buffers())  # both deduplicate shared tensors
