@@ -20,7 +20,9 @@ with madvise(MADV_HUGEPAGE) when /sys/kernel/mm/transparent_hugepage/enabled is
 
 Column-major head: at batch 1 the head is a vector-matrix product over the largest matrix
 (50257 x 768, 154 MB), and `x @ W.T` runs faster when W.T is the contiguous one (the
-kernel then streams rows of W.T scaled by x's entries into one accumulator). The other
+kernel then streams rows of W.T scaled by x's entries into one accumulator; measured 14.6 ->
+10.4 ms). A tied token embedding shares that storage, so its row lookups become strided,
+which costs nothing measurable (one row per token). The other
 linear layers stay row-major: for them the two layouts decode equally fast, and row-major
 prefills (compute-bound matrix products) ~10 % faster.
 """
