@@ -18,6 +18,7 @@ import torch
 from tinystack.config import ServeConfig
 from tinystack.infer import AsyncEngine, Engine, LLMEngine
 from tinystack.model import GPT, GPTConfig
+from tinystack.model.io import save_model
 from tinystack.observe import RequestLog, setup_request_log
 from tinystack.serve import create_app, run_in_background
 from tinystack.tokenizer import BPETokenizer
@@ -42,6 +43,15 @@ def tiny_gpt(tokenizer: BPETokenizer) -> GPT:
 def tiny_model(tokenizer: BPETokenizer) -> GPT:
     """A fresh tiny random GPT (seeded), for tests that build their own Engine subclass."""
     return tiny_gpt(tokenizer)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path, tokenizer: BPETokenizer, tiny_model: GPT) -> Path:
+    """The tiny model and its tokenizer written as a model directory (for CLI and subprocess tests)."""
+    path = tmp_path / "model"
+    save_model(tiny_model, path, eos_token_id=tokenizer.eos_token_id)
+    tokenizer.save(path)
+    return path
 
 
 @pytest.fixture(scope="session")

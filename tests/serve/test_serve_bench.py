@@ -5,7 +5,6 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from tinystack.model.io import save_model
 from tinystack.serve.bench import run_load, summary
 from tinystack.serve.commands import bench_serve
 
@@ -26,10 +25,7 @@ def test_closed_loop_and_poisson_loads_report_consistent_figures(serve, engine):
         assert s["tpot_ms"]["p50"] > 0
 
 
-def test_bench_serve_command_against_a_model_dir(tmp_path, tokenizer, tiny_model):
-    model_dir = tmp_path / "model"
-    save_model(tiny_model, model_dir, eos_token_id=tokenizer.eos_token_id)
-    tokenizer.save(model_dir)
+def test_bench_serve_command_against_a_model_dir(tmp_path, model_dir):
     app = typer.Typer()
     app.command()(bench_serve)
     out = tmp_path / "bench.json"

@@ -5,7 +5,6 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from tinystack.model.io import save_model
 from tinystack.serve.bench import Result, breakdown_line, summary
 from tinystack.serve.commands import bench_serve
 
@@ -20,10 +19,7 @@ def test_breakdown_names_the_dominant_segment():
     assert summary([Result(200, 0.01, 0.1, 4)], 1.0)["dominant"] is None  # no server timing: says so
 
 
-def test_bench_serve_prints_the_breakdown_and_plots_percentiles(tmp_path, tokenizer, tiny_model):
-    model_dir = tmp_path / "model"
-    save_model(tiny_model, model_dir, eos_token_id=tokenizer.eos_token_id)
-    tokenizer.save(model_dir)
+def test_bench_serve_prints_the_breakdown_and_plots_percentiles(tmp_path, model_dir):
     app = typer.Typer()
     app.command()(bench_serve)
     out, png = tmp_path / "bench.json", tmp_path / "latency.png"

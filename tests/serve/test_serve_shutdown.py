@@ -13,7 +13,6 @@ import pytest
 import uvicorn
 
 from tinystack.config import ServeConfig
-from tinystack.model.io import save_model
 from tinystack.serve import create_app
 from tinystack.serve.server import DrainingServer
 
@@ -59,10 +58,7 @@ def test_sigterm_drains_in_flight_requests(faulty_engine):
 
 
 @pytest.mark.slow
-def test_tinystack_serve_exits_cleanly_on_sigterm(tmp_path, tokenizer, tiny_model):
-    model_dir = tmp_path / "model"
-    save_model(tiny_model, model_dir, eos_token_id=tokenizer.eos_token_id)
-    tokenizer.save(model_dir)
+def test_tinystack_serve_exits_cleanly_on_sigterm(model_dir):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tinystack", "serve", "--model", str(model_dir), "--port", str(port),
                              "--drain-delay", "1.0", "--shutdown-grace", "3", "--max-num-seqs", "2",
