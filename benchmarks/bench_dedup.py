@@ -39,9 +39,9 @@ import numpy as np
 from bench_dedup_corpus import (EN_ALPHABET, ZH_ALPHABET, all_pairs_jaccard, chinese_bases, english_bases,
                                 ladder_pairs, planted)
 from tinystack.atomic import write_json
-from tinystack.data.minhash import MinHasher, estimate_interval
-from tinystack.data.neardup import NearDupParams, find_pairs
-from tinystack.data.shingles import canonical, exact_jaccard, shingle_set
+from tinystack.data.dedup.minhash import MinHasher, estimate_interval
+from tinystack.data.dedup.near_duplicates import NearDupParams, find_pairs
+from tinystack.data.dedup.shingles import canonical, exact_jaccard, shingle_set
 
 RESULTS = Path(__file__).parent / "results"
 P = 128

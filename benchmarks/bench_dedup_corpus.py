@@ -18,7 +18,7 @@ ZH_ALPHABET = "".join(chr(0x4E00 + i * 7) for i in range(300))
 
 
 def english_bases(n: int) -> list[str]:
-    from tinystack.data.corpus import iter_corpus
+    from tinystack.data.io.corpus import iter_corpus
 
     texts, cur = [], ""
     for r in iter_corpus():

@@ -39,7 +39,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def vocabulary(n: int = 20_000) -> list[str]:
-    from tinystack.data.corpus import iter_corpus
+    from tinystack.data.io.corpus import iter_corpus
 
     c: Counter[str] = Counter()
     for r in iter_corpus():

@@ -42,7 +42,7 @@ class DataConfig:
     id_field: str = "id"
     label_field: str = "label"
     timestamp_field: str = "timestamp"
-    # quality filters (tinystack.data.filters); perplexity runs only with a reference set
+    # quality filters (tinystack.data.filters.quality); perplexity runs only with a reference set
     quality: bool = True
     min_words: int = 3  # CJK characters count as words
     scripts: list[str] = field(default_factory=lambda: ["latin", "cjk"])

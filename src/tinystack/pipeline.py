@@ -224,7 +224,7 @@ def stage_demo(cfg: Config, model_dir: Path, log_path: Path) -> list[dict[str, A
 
     from tinystack.observe import setup_request_log
     from tinystack.serve import create_app, run_in_background
-    from tinystack.serve.engine_adapter import load_engine
+    from tinystack.serve.engine.adapter import load_engine
 
     engine = load_engine(model_dir, cfg.serve.batching, cfg.serve.max_num_seqs, cfg.run.device)
     request_log = setup_request_log(log_path)

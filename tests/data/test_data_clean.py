@@ -5,8 +5,8 @@ import unicodedata
 
 import pytest
 
-from tinystack.data.clean import LengthFilter, Normalize, normalize_text
-from tinystack.data.records import Record
+from tinystack.data.filters.clean import LengthFilter, Normalize, normalize_text
+from tinystack.data.io.records import Record
 
 
 def test_normalize_rules():

@@ -3,10 +3,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from tinystack.data.clean import normalize_text
-from tinystack.data.corpus import build_corpus
-from tinystack.data.readers import read_jsonl
-from tinystack.data.rejects import Rejects
+from tinystack.data.filters.clean import normalize_text
+from tinystack.data.io.corpus import build_corpus
+from tinystack.data.io.readers import read_jsonl
+from tinystack.data.io.rejects import Rejects
 
 MAX_DOCS = 1500
 

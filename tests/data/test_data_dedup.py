@@ -3,9 +3,9 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from tinystack.data.clean import normalize_text
-from tinystack.data.dedup import ExactDedup, text_sha256
-from tinystack.data.records import Record
+from tinystack.data.filters.clean import normalize_text
+from tinystack.data.dedup.exact import ExactDedup, text_sha256
+from tinystack.data.io.records import Record
 
 
 def _variant(text: str, rng: random.Random) -> str:
@@ -59,7 +59,7 @@ def test_text_sha256_is_stable():
 
 
 def test_exact_key_is_nfkc_with_collapsed_whitespace_and_optional_casefold():
-    from tinystack.data.dedup import exact_key
+    from tinystack.data.dedup.exact import exact_key
 
     a = "Ｆｕｌｌ\u3000width  text,\n\nsame ﬁle"  # full-width letters, ideographic space, ligature
     b = "Full width text, same file"

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
-from tinystack.data import near_dedup as nd
-from tinystack.data.formats import FieldMap
-from tinystack.data.near_dedup import NearDedup
-from tinystack.data.records import Record
+from tinystack.data.dedup import near_step as nd
+from tinystack.data.io.formats import FieldMap
+from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.io.records import Record
 from tinystack.data.tools import dedup_files
 
 
@@ -47,7 +47,7 @@ def test_two_workers_match_one(monkeypatch):
 @pytest.mark.slow
 def test_ray_engine_matches_single_process():
     ray = pytest.importorskip("ray", reason="the [dist] extra (ray[data]) is not installed")
-    from tinystack.data.ray_engine import RayNearDedup, ensure_ray
+    from tinystack.data.dedup.ray_engine import RayNearDedup, ensure_ray
 
     recs = _records(80)
     ensure_ray(num_cpus=2)

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from tinystack.data.filters import (CharsetFilter, QualityParams, RepetitionFilter, SymbolFilter,
+from tinystack.data.filters.quality import (CharsetFilter, QualityParams, RepetitionFilter, SymbolFilter,
                                     WordCountFilter, words)
-from tinystack.data.ngram_lm import CharNgramLM, PerplexityFilter
-from tinystack.data.records import Record
+from tinystack.data.filters.ngram_lm import CharNgramLM, PerplexityFilter
+from tinystack.data.io.records import Record
 
 EN = ("The river carries sediment from the mountains to the sea, and over many years the delta grows. "
       "Farmers value the rich soil, while engineers worry about floods during the spring melt.")

@@ -5,11 +5,12 @@ import json
 import random
 
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
-from tinystack.data.neardup import NearDupIndex, NearDupParams
+from tinystack.data.dedup.index import NearDupIndex
+from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.pipeline import prepare
-from tinystack.data.records import Record
-from tinystack.data.shingles import exact_jaccard, shingle_set
-from tinystack.data.split import SPLITS, Splitter, StreamSplitter
+from tinystack.data.io.records import Record
+from tinystack.data.dedup.shingles import exact_jaccard, shingle_set
+from tinystack.data.split.splitter import SPLITS, Splitter, StreamSplitter
 
 
 def _edit(text: str, rng: random.Random, n: int = 3) -> str:
@@ -95,7 +96,7 @@ def test_leakage_reusing_dedup_signatures_equals_hashing_again(tmp_path, monkeyp
     (the default) exactly as with signatures computed from the written files."""
     import numpy as np
 
-    from tinystack.data import leakage
+    from tinystack.data.split import leakage
 
     rng = random.Random(9)
     rows = [{"text": distinct_text(1000 * s + i, 40), "source": f"site{s}"} for s in range(30) for i in range(6)]

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from datasketch import MinHashLSH
 
-from tinystack.data.lsh import candidate_probability, optimal_bands
-from tinystack.data.minhash import MinHasher, MinHashParams, estimate_jaccard, jaccard_std
-from tinystack.data.near_dedup import NearDedup
-from tinystack.data.neardup import NearDupIndex, NearDupParams, find_pairs
-from tinystack.data.records import Record
-from tinystack.data.shingles import exact_jaccard, shingle_set
+from tinystack.data.dedup.lsh import candidate_probability, optimal_bands
+from tinystack.data.dedup.minhash import MinHasher, MinHashParams, estimate_jaccard, jaccard_std
+from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.dedup.index import NearDupIndex
+from tinystack.data.dedup.near_duplicates import NearDupParams, find_pairs
+from tinystack.data.io.records import Record
+from tinystack.data.dedup.shingles import exact_jaccard, shingle_set
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -33,7 +34,7 @@ def edit(rng: random.Random, text: str, n: int) -> str:
 def test_signatures_deterministic_across_processes():
     texts = ["hello world, a deterministic signature", "中文文本也可以没有分词器"]
     here = MinHasher().signatures(texts)
-    code = ("import sys, json; from tinystack.data.minhash import MinHasher; "
+    code = ("import sys, json; from tinystack.data.dedup.minhash import MinHasher; "
             "print(json.dumps(MinHasher().signatures(json.loads(sys.argv[1])).tolist()))")
     import json
     out = subprocess.run([sys.executable, "-c", code, json.dumps(texts)], capture_output=True, text=True,

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from data_helpers import read_jsonl_dicts, write_lines
-from tinystack.data.readers import input_files, read_inputs, read_jsonl, read_text
-from tinystack.data.rejects import Rejects
+from tinystack.data.io.readers import input_files, read_inputs, read_jsonl, read_text
+from tinystack.data.io.rejects import Rejects
 
 # (raw line, expected reject reason or None if valid); blank lines are not records.
 CASES: list[tuple[str | bytes, str | None]] = [

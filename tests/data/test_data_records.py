@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from tinystack.data.records import Record, RecordError, parse_timestamp, write_jsonl
-from tinystack.data.readers import read_jsonl
-from tinystack.data.rejects import Rejects
+from tinystack.data.io.records import Record, RecordError, parse_timestamp, write_jsonl
+from tinystack.data.io.readers import read_jsonl
+from tinystack.data.io.rejects import Rejects
 
 
 def test_round_trip_with_extra_and_unicode(tmp_path):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from tinystack.data.minhash import _CHUNK, EMPTY, MinHasher, MinHashParams, estimate_interval
-from tinystack.data.shingles import canonical, exact_jaccard, mix64, shingle_hashes, shingle_hashes_batch, shingle_set
+from tinystack.data.dedup.minhash import _CHUNK, EMPTY, MinHasher, MinHashParams, estimate_interval
+from tinystack.data.dedup.shingles import canonical, exact_jaccard, mix64, shingle_hashes, shingle_hashes_batch, shingle_set
 
 TEXTS = ["", "   ", "a", "ab", "abc", "Hello,   World!\n\tagain", "中", "中文", "机器学习是人工智能的一个分支。",
          "ＡＢＣ　ｄｅｆ，全角", "x", "e\u0301 café ﬁ", "word " * 7, "😀🙂 emoji and astral 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"]

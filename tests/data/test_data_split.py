@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from tinystack.data.records import Record
-from tinystack.data.rejects import Rejects
-from tinystack.data.split import SPLITS, Splitter, assign_sources, split_by_source, split_by_time
+from tinystack.data.io.records import Record
+from tinystack.data.io.rejects import Rejects
+from tinystack.data.split.splitter import SPLITS, Splitter, assign_sources, split_by_source, split_by_time
 
 
 def _random_counts(rng: random.Random) -> dict[str, int]:
@@ -73,7 +73,7 @@ def test_split_by_source_keeps_order_and_groups():
 
 def test_assignment_does_not_depend_on_python_hash_seed():
     code = (
-        "import json; from tinystack.data.split import assign_sources;"
+        "import json; from tinystack.data.split.splitter import assign_sources;"
         "print(json.dumps(assign_sources({f'source-{i}': i % 5 + 1 for i in range(40)}, 0.1, 0.1), sort_keys=True))"
     )
     outs = set()

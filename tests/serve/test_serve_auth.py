@@ -4,8 +4,8 @@ import httpx
 import openai
 import pytest
 
-from tinystack.serve.auth import KeyChecker, hash_key, load_key_hashes
-from tinystack.serve.ratelimit import RateLimiter
+from tinystack.serve.guards.auth import KeyChecker, hash_key, load_key_hashes
+from tinystack.serve.guards.ratelimit import RateLimiter
 
 BODY = {"prompt": "return the", "max_tokens": 2}
 

@@ -14,7 +14,7 @@ from tinystack.config import ServeConfig
 from tinystack.observe import RequestLog
 from tinystack.observe.logs import JsonLineFormatter
 from tinystack.serve import create_app, run_in_background
-from tinystack.serve.auth import hash_key
+from tinystack.serve.guards.auth import hash_key
 
 SECRET_KEY = "sk-very-secret-key-0042"
 

@@ -12,7 +12,7 @@ import re
 
 import httpx
 
-from tinystack.serve.ui import STATIC_DIR
+from tinystack.serve.ui.pages import STATIC_DIR
 
 from serve_helpers import PROMPT
 

@@ -1,9 +1,9 @@
 """The small pieces on their own: stop strings in streamed text, the circuit breaker, the gate, chat format."""
 import pytest
 
-from tinystack.serve.chat import ChatFormatter, ChatTemplateError
-from tinystack.serve.detok import IncrementalText
-from tinystack.serve.protect import AdmissionGate, CircuitBreaker
+from tinystack.infer.chat import ChatFormatter, ChatTemplateError
+from tinystack.serve.engine.detok import IncrementalText
+from tinystack.serve.guards.protect import AdmissionGate, CircuitBreaker
 
 
 def _chars(text: str):

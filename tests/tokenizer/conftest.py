@@ -12,7 +12,7 @@ from tinystack.tokenizer import BPETokenizer
 
 def _stdlib_english() -> str:
     """~330 kB of English prose built on this machine: the standard library's docstrings."""
-    from tinystack.data.corpus import iter_corpus
+    from tinystack.data.io.corpus import iter_corpus
 
     parts, size = [], 0
     for record in iter_corpus():

@@ -81,7 +81,7 @@ def filter_(input: InputOpt, out: Annotated[Path, typer.Option(help="Output .jso
             text_field: TextField = None, source_field: SourceField = None, id_field: IdField = None,
             config: ConfigOpt = None, set_: SetOpt = None, progress: Progress = True) -> None:
     """Quality filters: words, charset, symbols/digits, repetition, perplexity."""
-    from tinystack.data.filters import QualityParams
+    from tinystack.data.filters.quality import QualityParams
     from tinystack.data.options import field_map, quality_params
     from tinystack.data.tools import filter_files
 

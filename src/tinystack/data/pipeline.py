@@ -34,20 +34,20 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from tinystack.atomic import write_json
-from tinystack.data.clean import LengthFilter, Normalize
-from tinystack.data.dedup import ExactDedup
-from tinystack.data.filters import QualityParams
-from tinystack.data.formats import IDENTITY, FieldMap
-from tinystack.data.manifest import FORMAT, MANIFEST, combine_hashes, sha256_file
-from tinystack.data.leakage import LeakageCheck
-from tinystack.data.near_dedup import NearDedup
-from tinystack.data.neardup import NearDupParams
+from tinystack.data.filters.clean import LengthFilter, Normalize
+from tinystack.data.dedup.exact import ExactDedup
+from tinystack.data.filters.quality import QualityParams
+from tinystack.data.io.formats import IDENTITY, FieldMap
+from tinystack.data.io.manifest import FORMAT, MANIFEST, combine_hashes, sha256_file
+from tinystack.data.split.leakage import LeakageCheck
+from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.progress import track
-from tinystack.data.readers import TextMode, input_files, read_inputs
-from tinystack.data.records import Record, write_jsonl
-from tinystack.data.rejects import Rejects
-from tinystack.data.split import SPLITS, StreamSplitter
-from tinystack.data.spool import Spool
+from tinystack.data.io.readers import TextMode, input_files, read_inputs
+from tinystack.data.io.records import Record, write_jsonl
+from tinystack.data.io.rejects import Rejects
+from tinystack.data.split.splitter import SPLITS, StreamSplitter
+from tinystack.data.io.spool import Spool
 from tinystack.data.steps import StepStats
 
 
@@ -124,7 +124,7 @@ def prepare(
                         ExactDedup()]
     if near_dedup is not None:
         if engine == "ray":
-            from tinystack.data.ray_engine import RayNearDedup
+            from tinystack.data.dedup.ray_engine import RayNearDedup
 
             steps.append(RayNearDedup(near_dedup, exact=False, address=ray_address))
         else:

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from tinystack.data.records import Record
+from tinystack.data.io.records import Record
 
 MAX_EXAMPLES = 3
 EXAMPLE_CHARS = 200

@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from tinystack.atomic import write_json
-from tinystack.data.clean import Normalize
-from tinystack.data.filters import QualityParams
-from tinystack.data.formats import IDENTITY, FieldMap, write_records
-from tinystack.data.near_dedup import NearDedup
-from tinystack.data.neardup import NearDupParams
+from tinystack.data.filters.clean import Normalize
+from tinystack.data.filters.quality import QualityParams
+from tinystack.data.io.formats import IDENTITY, FieldMap, write_records
+from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.progress import track
-from tinystack.data.readers import read_inputs
-from tinystack.data.records import Record
-from tinystack.data.rejects import Rejects
-from tinystack.data.spool import Spool
+from tinystack.data.io.readers import read_inputs
+from tinystack.data.io.records import Record
+from tinystack.data.io.rejects import Rejects
+from tinystack.data.io.spool import Spool
 from tinystack.data.steps import StepStats
 
 
@@ -91,7 +91,7 @@ def dedup_files(inputs: Sequence[str | Path], out_dir: str | Path, params: NearD
     removed_path = out_dir / f"duplicates.{fmt}"
     spool = Spool()  # removed records wait on disk: there can be many
     if engine == "ray":
-        from tinystack.data.ray_engine import RayNearDedup
+        from tinystack.data.dedup.ray_engine import RayNearDedup
 
         step: Any = RayNearDedup(params, exact=True, address=ray_address, on_removed=spool.append)
     else:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tinystack.data.neardup import NearDupIndex, NearDupParams
+from tinystack.data.dedup.index import NearDupIndex
+from tinystack.data.dedup.near_duplicates import NearDupParams
 
 
 def find_near_duplicates(train_texts: Sequence[str], query_texts: Sequence[str],

@@ -29,18 +29,18 @@ from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
 from tinystack.observe.tracing import make_tracer
-from tinystack.serve.auth import KeyChecker, load_key_hashes
-from tinystack.serve.body_limit import BodyLimitMiddleware
-from tinystack.serve.chat import ChatFormatter, load_chat_template
-from tinystack.serve.engine_adapter import make_adapter
-from tinystack.serve.errors import install_error_handlers
-from tinystack.serve.middleware import RequestContextMiddleware
-from tinystack.serve.protect import AdmissionGate, CircuitBreaker
-from tinystack.serve.ratelimit import RateLimiter
-from tinystack.serve.routes import router
+from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
+from tinystack.serve.guards.body_limit import BodyLimitMiddleware
+from tinystack.infer.chat import ChatFormatter, load_chat_template
+from tinystack.serve.engine.adapter import make_adapter
+from tinystack.serve.api.errors import install_error_handlers
+from tinystack.serve.api.middleware import RequestContextMiddleware
+from tinystack.serve.guards.protect import AdmissionGate, CircuitBreaker
+from tinystack.serve.guards.ratelimit import RateLimiter
+from tinystack.serve.api.routes import router
 from tinystack.serve.state import ServerState
-from tinystack.serve.ui import ui_router
-from tinystack.serve.watchdog import watchdog
+from tinystack.serve.ui.pages import ui_router
+from tinystack.serve.engine.watchdog import watchdog
 
 logger = logging.getLogger("tinystack.serve")
 

@@ -56,7 +56,7 @@ def serve(model: Annotated[Path, Opt(help="Model directory.")], config: ConfigOp
     /health, /ready and Prometheus /metrics with uvicorn (gc.freeze() once the model is loaded)."""
     from tinystack.observe import setup_request_log
     from tinystack.serve import create_app, serve_forever
-    from tinystack.serve.engine_adapter import load_engine
+    from tinystack.serve.engine.adapter import load_engine
 
     cfg = resolve_config(config, set_)
     flags = dict(host=host, port=port, model_name=model_name, batching=batching, max_num_seqs=max_num_seqs,
@@ -96,7 +96,7 @@ def serve(model: Annotated[Path, Opt(help="Model directory.")], config: ConfigOp
 
 def hash_key(key: Annotated[str, typer.Argument(help="An API key to allow.")]) -> None:
     """Print the SHA-256 line for `key`, to append to the file given as --api-key-file."""
-    from tinystack.serve.auth import hash_key as _hash
+    from tinystack.serve.guards.auth import hash_key as _hash
 
     typer.echo(_hash(key))
 
@@ -125,7 +125,7 @@ def bench_serve(url: Annotated[Optional[str], Opt(help="A running server's base 
     from tinystack.config import ServeConfig
     from tinystack.serve import create_app, run_in_background
     from tinystack.serve.bench import breakdown_line, plot_percentiles, run_load, summary
-    from tinystack.serve.engine_adapter import load_engine
+    from tinystack.serve.engine.adapter import load_engine
 
     if (url is None) == (model is None):
         raise typer.BadParameter("give exactly one of --url and --model")

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tinystack.config import ServeConfig
-from tinystack.serve.auth import KeyChecker
-from tinystack.serve.chat import ChatFormatter
-from tinystack.serve.engine_adapter import EngineAdapter
-from tinystack.serve.protect import AdmissionGate, CircuitBreaker
-from tinystack.serve.ratelimit import RateLimiter
+from tinystack.serve.guards.auth import KeyChecker
+from tinystack.infer.chat import ChatFormatter
+from tinystack.serve.engine.adapter import EngineAdapter
+from tinystack.serve.guards.protect import AdmissionGate, CircuitBreaker
+from tinystack.serve.guards.ratelimit import RateLimiter
 
 
 @dataclass

@@ -30,7 +30,7 @@ from tinystack.infer.kv_cache import KVCache
 from tinystack.infer.sampler import SampleRow, SamplingParams, sample_batch
 from tinystack.infer.step_stats import StepRecord
 from tinystack.observe.usage import SequenceUsage
-from tinystack.serve.engine_adapter import EngineDead, EngineStats, TokenEvent, UsageCallback
+from tinystack.serve.engine.adapter import EngineDead, EngineStats, TokenEvent, UsageCallback
 
 
 _END = object()

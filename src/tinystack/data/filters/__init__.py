@@ -1,0 +1,1 @@
+"""Record-level filters: normalisation and length (clean.py), quality rules (quality.py), the n-gram perplexity model (ngram_lm.py)."""

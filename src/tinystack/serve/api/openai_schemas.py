@@ -1,0 +1,81 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic v2), and their extras.
+
+The fields are OpenAI's (https://platform.openai.com/docs/api-reference), with the
+same ranges, plus vLLM-style extras that the `openai` client sends with `extra_body`:
+`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, and `timeout` (seconds; may
+only lower the server's timeout). Unknown fields are rejected (a typo must not fall
+back to a default silently); strings are not numbers. Limits that depend on the
+server's config (`n <= max_n`, `max_tokens <= max_tokens_limit`, the prompt fitting
+the context) are checked in requests.py, with the numbers in the message.
+Responses are plain dicts built in openai_service.py, in OpenAI's shapes.
+"""
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tinystack.serve.api.schemas import SEED_MAX
+
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+Stop = Union[str, list[str], None]
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = _STRICT
+
+    model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
+    max_tokens: int | None = Field(None, ge=1, description="Default: ServeConfig.default_max_tokens, capped by "
+                                                           "what fits in the context.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Stop = Field(None, description="Up to 4 strings; the text ends before the first one found.")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    user: str | None = Field(None, max_length=256)
+    # extras (vLLM names)
+    top_k: int = Field(0, ge=-1, description="0 or -1 = off.")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=10.0)
+    ignore_eos: bool = False
+    timeout: float | None = Field(None, gt=0.0, le=3600.0, description="Seconds; only lowers the server's.")
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: Union[str, list[str]] = Field(description="A string, or a list holding one string.")
+    logprobs: int | None = Field(None, ge=0, le=5, description="Logprobs of the chosen and the top-k tokens.")
+
+
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)  # clients echo back fields like "refusal"
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (newer name).")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)

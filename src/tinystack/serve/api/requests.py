@@ -1,0 +1,139 @@
+"""Parsed request bodies -> `Prepared`: prompt ids and SamplingParams that passed every check.
+
+Checks, in order (each an ApiError with the numbers in the message):
+
+    prompt longer than max_prompt_chars characters           -> 413 (before tokenizing)
+    n > max_n; more than 4 stop strings                      -> 400
+    max_tokens > max_tokens_limit                            -> 400
+    prompt tokens + max_tokens > max_seq_len                 -> 400 "prompt is P tokens and max_tokens
+                                                                is M: P + M exceeds the context of C
+                                                                tokens (at most C - M prompt tokens)"
+    SamplingParams rejects a value                           -> 400
+
+An omitted max_tokens is min(default_max_tokens, max_tokens_limit, context left).
+A temperature below 1e-5 is greedy (as in vLLM): dividing logits by it would overflow;
+a top_p below 1e-6 is 1e-6 (float32 would round it to 0 and drop every token).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from tinystack.infer.sampler import SamplingParams
+from tinystack.infer.chat import ChatTemplateError, message_text
+from tinystack.serve.api.errors import ApiError
+from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from tinystack.serve.state import ServerState
+
+
+GREEDY_BELOW = 1e-5
+MIN_TOP_P = 1e-6
+
+
+@dataclass
+class Prepared:
+    prompt: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    stops: tuple[str, ...]
+    timeout_s: float
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _param(name: str, message: str, status: int = 400, code: str = "invalid_value") -> ApiError:
+    return ApiError(status, message, code, param=name)
+
+
+def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int = 1, stop: Any = None,
+            timeout: float | None = None, **sampling: Any) -> Prepared:
+    """Apply the config-dependent limits; `sampling` are SamplingParams fields."""
+    cfg, adapter = state.cfg, state.adapter
+    if len(prompt) > cfg.max_prompt_chars:
+        raise _param("prompt", f"prompt is {len(prompt)} characters; the limit is {cfg.max_prompt_chars}", 413,
+                     "prompt_too_many_chars")
+    if n > cfg.max_n:
+        raise _param("n", f"n must be at most {cfg.max_n}, got {n}")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stops) > 4 or any(not s for s in stops):
+        raise _param("stop", f"stop must be up to 4 non-empty strings, got {len(stops)}")
+    if max_tokens is not None and max_tokens > cfg.max_tokens_limit:
+        raise _param("max_tokens", f"max_tokens must be at most {cfg.max_tokens_limit}, got {max_tokens}")
+    ids = adapter.encode(prompt)
+    ctx = adapter.max_seq_len
+    if max_tokens is None:
+        if len(ids) >= ctx:
+            raise _param("prompt", f"prompt is {len(ids)} tokens; the model's context is {ctx} tokens, so a prompt "
+                                   f"may be at most {ctx - 1} tokens", code="context_length_exceeded")
+        max_tokens = min(cfg.default_max_tokens, cfg.max_tokens_limit, ctx - len(ids))
+    elif len(ids) + max_tokens > ctx:
+        raise _param("max_tokens", f"prompt is {len(ids)} tokens and max_tokens is {max_tokens}: "
+                                   f"{len(ids)} + {max_tokens} = {len(ids) + max_tokens} exceeds the model's context "
+                                   f"of {ctx} tokens (max_seq_len - max_tokens = {ctx - max_tokens} prompt tokens "
+                                   f"at most)", code="context_length_exceeded")
+    if sampling.get("top_k") == -1:
+        sampling["top_k"] = 0
+    if 0 < sampling.get("temperature", 1.0) < GREEDY_BELOW:  # logits / 1e-300 overflow to inf -> NaN probs
+        sampling["temperature"] = 0.0
+    if "top_p" in sampling:  # a top_p that float32 rounds to 0 would drop every token
+        sampling["top_p"] = max(sampling["top_p"], MIN_TOP_P)
+    try:
+        params = SamplingParams(max_tokens=max_tokens, stop=stops, **sampling)
+    except ValueError as e:
+        raise ApiError(400, str(e), "invalid_value") from None
+    timeout_s = min(cfg.timeout_s, timeout) if timeout is not None else cfg.timeout_s
+    return Prepared(prompt, ids, params, n, stops, timeout_s)
+
+
+def _common(body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+    return dict(n=body.n, stop=body.stop, timeout=body.timeout, temperature=body.temperature, top_p=body.top_p,
+                top_k=body.top_k, min_p=body.min_p, seed=body.seed, repetition_penalty=body.repetition_penalty,
+                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                ignore_eos=body.ignore_eos)
+
+
+def _streaming(prep: Prepared, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
+    prep.stream = body.stream
+    prep.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream_options is not None and not body.stream:
+        raise _param("stream_options", "stream_options is only allowed with stream: true")
+    return prep
+
+
+def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise _param("prompt", f"prompt must be a string or a list of one string, got a list of {len(prompt)}")
+        prompt = prompt[0]
+    prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **_common(body))
+    return _streaming(prep, body)
+
+
+def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
+    if body.max_tokens is not None and body.max_completion_tokens is not None:
+        raise _param("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise _param("top_logprobs", "top_logprobs needs logprobs: true")
+    messages = [{"role": m.role, "content": message_text(m.content)} for m in body.messages]
+    try:
+        prompt = state.chat.render(messages)
+    except ChatTemplateError as e:
+        raise _param("messages", str(e)) from None
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    prep = prepare(state, prompt, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=logprobs,
+                   **_common(body))
+    return _streaming(prep, body)
+
+
+INLINE_CHARS = 2_000  # shorter prompts tokenize in well under a millisecond: no thread hop
+
+
+async def prepare_off_loop(fn: Any, state: ServerState, body: Any, prompt_chars: int) -> Prepared:
+    """Run a prepare_* on the event loop for a short prompt, in a thread for a long one
+    (tokenizing a long prompt must not block the loop; a thread hop costs more than a short one)."""
+    if prompt_chars <= INLINE_CHARS:
+        return fn(state, body)
+    return await asyncio.to_thread(fn, state, body)

@@ -1,0 +1,146 @@
+"""The HTTP routes. Each one wires dependencies to service.py / openai_service.py and nothing more.
+
+    POST /generate               native endpoint (the foundation's; kept)
+    POST /v1/completions         OpenAI completions, whole or streamed (SSE)
+    POST /v1/chat/completions    OpenAI chat completions, whole or streamed (SSE)
+    GET  /v1/models              the one model served
+    GET  /health  /ready            open unless cfg.open_health is false
+    GET  /metrics                   Prometheus text format (tinystack.observe.metrics); open likewise
+    GET  /metrics.json              the counters and settings as JSON (the serving layer's own view)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tinystack.observe.metrics import CONTENT_TYPE
+from tinystack.serve.api import openai_service, service
+from tinystack.serve.api.deps import Caller, Context, State, Validated, open_or_caller
+from tinystack.serve.engine.disconnect import ClientDisconnected, unless_disconnected
+from tinystack.serve.api.errors import ApiError
+from tinystack.serve.engine.execution import check_rate
+from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from tinystack.serve.api.requests import Prepared, prepare_chat, prepare_completion, prepare_off_loop
+from tinystack.serve.api.schemas import ErrorResponse, GenerateResponse, HealthResponse
+
+router = APIRouter()
+
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
+                                            for code in (400, 401, 413, 422, 429, 500, 503, 504)}
+_OPEN = [Depends(open_or_caller)]
+
+
+def _closed_response(status: int = 499) -> JSONResponse:
+    return JSONResponse({"error": {"message": "client disconnected", "type": "client_closed", "param": None,
+                                   "code": "client_disconnected"}}, status_code=status)
+
+
+@router.post("/generate", response_model=GenerateResponse, responses=_ERRORS)
+async def generate(request: Request, req: Validated, state: State, ctx: Context, who: Caller) -> Any:
+    """Continue `prompt` with up to `max_tokens` new tokens; the answer carries timing in ms."""
+    check_rate(state, who, req)
+    try:
+        return await unless_disconnected(request, service.generate(state, req, ctx))
+    except ClientDisconnected:
+        state.count("aborted")
+        return _closed_response()
+
+
+async def _openai(request: Request, state: State, ctx: Context, who: str, kind: openai_service.Kind,
+                  prep: Prepared) -> Any:
+    ctx.fields.update(prompt_tokens=len(prep.prompt_ids), n=prep.n, stream=prep.stream)
+    ctx.timing.mark_clamped("validated")
+    check_rate(state, who, prep)
+    if not prep.stream:
+        try:
+            body = await unless_disconnected(request, openai_service.complete(state, kind, prep, ctx))
+        except ClientDisconnected:
+            state.count("aborted")
+            return _closed_response()
+        ctx.fields.update(completion_tokens=body["usage"]["completion_tokens"], degraded=body.get("degraded", False))
+        return JSONResponse(body)  # already JSON-ready: skip FastAPI's jsonable_encoder pass
+    events = openai_service.stream(state, kind, prep, ctx)
+    try:
+        first = await unless_disconnected(request, events.__anext__())  # errors before the 1st token: real status
+    except (ApiError, ClientDisconnected, StopAsyncIteration) as e:
+        await events.aclose()
+        if isinstance(e, ClientDisconnected):
+            state.count("aborted")
+            return _closed_response()
+        raise
+
+    ttft = ctx.timing.seconds("ttft_ms")
+    if ttft is None:  # the engine's stamp comes at the end; the first token is here now
+        ttft = time.perf_counter() - ctx.timing.points["arrival"]
+
+    async def body() -> AsyncIterator[bytes]:
+        complete = False
+        try:
+            yield first
+            async for chunk in events:
+                yield chunk
+            complete = True
+        finally:  # also on client disconnect (Starlette cancels us): aborts the sequences
+            if not complete:
+                ctx.failure = ctx.failure or "aborted"
+            await events.aclose()
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      "x-time-to-first-token": f"{ttft:.6f}"})
+
+
+@router.post("/v1/completions", responses=_ERRORS)
+async def completions(request: Request, body: CompletionRequest, state: State, ctx: Context, who: Caller) -> Any:
+    """OpenAI completions; `stream: true` answers with server-sent events ending in `data: [DONE]`."""
+    chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
+    prep = await prepare_off_loop(prepare_completion, state, body, chars)
+    return await _openai(request, state, ctx, who, "text", prep)
+
+
+@router.post("/v1/chat/completions", responses=_ERRORS)
+async def chat_completions(request: Request, body: ChatCompletionRequest, state: State, ctx: Context,
+                           who: Caller) -> Any:
+    """OpenAI chat completions (the model's chat template, or a plain `role: content` format)."""
+    chars = sum(len(m.content) if isinstance(m.content, str) else 1000 for m in body.messages)
+    prep = await prepare_off_loop(prepare_chat, state, body, chars)
+    return await _openai(request, state, ctx, who, "chat", prep)
+
+
+@router.get("/v1/models", responses=_ERRORS)
+async def models(state: State, who: Caller) -> dict[str, Any]:
+    """The model this server serves."""
+    return service.models(state)
+
+
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}}, dependencies=_OPEN)
+async def health(state: State) -> Any:
+    """Is the engine loop alive and stepping (503 if not), and the load; never waits for a generation."""
+    body, status = service.health(state)
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+@router.get("/ready", dependencies=_OPEN)
+async def ready(state: State) -> Any:
+    """200 when the model is loaded and the server is not draining; 503 otherwise."""
+    body, status = service.ready(state)
+    return JSONResponse(body, status_code=status)
+
+
+@router.get("/metrics", dependencies=_OPEN, response_class=Response)
+async def metrics(request: Request, state: State) -> Response:
+    """Prometheus metrics (text exposition format): latency histograms, tokens, failures, cost per key,
+    engine gauges, GC pauses and event-loop lag (see tinystack.observe.metrics)."""
+    return Response(request.app.state.observer.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/metrics.json", dependencies=_OPEN)
+async def metrics_json(state: State) -> dict[str, Any]:
+    """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts) and the settings."""
+    s = state.adapter.stats()
+    return {"counters": dict(state.counters), "breaker": state.breaker.state, "in_flight": state.gate.in_flight,
+            "running": s.running, "waiting": s.waiting, "kv_bytes_in_use": s.kv_bytes_in_use,
+            "settings": state.settings()}

@@ -1,0 +1,118 @@
+"""The one place that knows the inference engine's API: everything else in serve/ talks to an `EngineAdapter`.
+
+    adapter.stream(request_id, prompt_ids, SamplingParams, on_usage=)
+                                              -> async iterator of TokenEvent (ends at EOS / stop /
+                                                 max_tokens); on_usage(SequenceUsage) is called on
+                                                 the event loop exactly once per sequence, when the
+                                                 engine reports what it did and cost (finished,
+                                                 aborted: shortly after the abort, or failed)
+    adapter.abort(request_id)                 -> the sequence stops, its KV memory is freed at once
+    adapter.stats()                           -> running / waiting / KV in use
+    adapter.is_alive(), restart(), last_step_age_s()   -> /health and the watchdog
+    adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer
+
+Two implementations, chosen by `make_adapter` from the engine's type:
+
+    tinystack.infer.AsyncEngine  -> AsyncEngineAdapter (async_adapter.py): continuous batching
+                                    (or the dynamic batcher) over a paged KV cache, one engine thread
+    tinystack.infer.Engine       -> ThreadedEngineAdapter (threaded_adapter.py): the batch-1 engine,
+                                    one worker thread per running sequence
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Protocol
+
+from tinystack.infer.sampler import SamplingParams
+from tinystack.observe.usage import SequenceUsage
+
+UsageCallback = Callable[[SequenceUsage], None]
+
+
+class RequestRejected(ValueError):
+    """The engine refuses this request for good (e.g. it can never fit the KV cache): the client's 400."""
+
+
+class EngineDead(RuntimeError):
+    """The engine loop is not running (it died, or was stopped); the watchdog restarts it."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token; `logprob`/`top_logprobs` are set when the request asked for logprobs."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int  # sequences generating now
+    waiting: int  # sequences queued inside the engine
+    kv_bytes_in_use: int  # KV cache memory held by live sequences (0 when idle)
+    max_num_seqs: int
+    kv_blocks_used: int | None = None  # paged cache only
+    kv_blocks_free: int | None = None
+    kv_usage: float = 0.0  # share of the KV cache in use (0-1)
+    preemptions: int = 0  # totals since the engine started (paged cache only)
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+
+
+class EngineAdapter(Protocol):
+    tokenizer: Any
+    max_seq_len: int
+    max_num_seqs: int
+    eos_token_id: int | None
+    restarts: int
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def token_text(self, token_id: int) -> str: ...
+    def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+               on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]: ...
+    def add_step_listener(self, listener: Callable[[Any], None]) -> Callable[[], None]: ...
+    def abort(self, request_id: str) -> None: ...
+    def stats(self) -> EngineStats: ...
+    def is_alive(self) -> bool: ...
+    def last_step_age_s(self) -> float: ...
+    def kill(self, reason: str = ...) -> None: ...
+    def restart(self) -> None: ...
+    def close(self) -> None: ...
+
+
+BATCHING = ("continuous", "dynamic", "none", "threads")
+
+
+def load_engine(model_dir: str | Path, batching: str = "continuous", max_num_seqs: int = 8,
+                device: str = "cpu") -> Any:
+    """The engine for a model directory:
+
+        continuous  AsyncEngine, continuous batching of up to max_num_seqs sequences, paged KV cache
+        dynamic     AsyncEngine, the dynamic batcher (batches of up to max_num_seqs, collected briefly)
+        none        AsyncEngine, one sequence at a time (no batching)
+        threads     the batch-1 Engine, max_num_seqs sequences on worker threads
+    """
+    if batching not in BATCHING:
+        raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
+    from tinystack.infer import AsyncEngine, Engine
+
+    if batching == "threads":
+        return Engine.from_dir(model_dir, device=device)
+    if batching == "dynamic":
+        return AsyncEngine.from_dir(model_dir, device=device, scheduler="dynamic", max_batch=max_num_seqs)
+    return AsyncEngine.from_dir(model_dir, device=device, scheduler="continuous",
+                                max_num_seqs=1 if batching == "none" else max_num_seqs)
+
+
+def make_adapter(engine: Any, max_num_seqs: int) -> EngineAdapter:
+    """The adapter for `engine`: an AsyncEngine keeps its own max_num_seqs; an Engine gets `max_num_seqs` threads."""
+    from tinystack.infer import AsyncEngine
+
+    if isinstance(engine, AsyncEngine):
+        from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
+        return AsyncEngineAdapter(engine)
+    from tinystack.serve.threaded_adapter import ThreadedEngineAdapter
+    return ThreadedEngineAdapter(engine, max_num_seqs)

@@ -1,0 +1,166 @@
+"""`AsyncEngineAdapter`: the continuous-batching `tinystack.infer.AsyncEngine` behind the EngineAdapter contract.
+
+    stream(id, prompt_ids, params) -> AsyncEngine.add_request -> RequestStream of TokenDeltas
+                                      -> one TokenEvent per new token id
+    abort(id)                      -> AsyncEngine.abort (its blocks are freed on the engine thread)
+    stats()                        -> num_running / num_waiting / num_used_blocks x bytes per block,
+                                      KV usage, preemptions, prefix-cache hits and queries
+    on_usage(SequenceUsage)        <- the final output's RequestMetrics (stamps, cpu_s, device_s):
+                                      from the finished delta, or, when the caller left early,
+                                      from the abort's output, read by a small drain task
+    add_step_listener(fn)          -> LLMEngine.step_listeners (StepRecord per engine step)
+
+Logprobs stream with their tokens (one per TokenDelta token). "Alive" is the engine
+thread being alive; `restart()` stops it, aborts what this server had in it, and
+starts a fresh AsyncEngine over the same LLMEngine (weights and KV storage are kept).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Callable
+
+from tinystack.infer import AsyncEngine
+from tinystack.infer.memory import AdmissionError
+from tinystack.infer.llm_engine import PromptTooLongError
+from tinystack.infer.sampler import SamplingParams
+from tinystack.observe.usage import SequenceUsage
+from tinystack.serve.engine.adapter import EngineDead, EngineStats, RequestRejected, TokenEvent, UsageCallback
+
+DRAIN_TIMEOUT_S = 30.0  # an aborted sequence's cost report is waited for this long at most
+
+
+def _usage(request_id: str, prompt_len: int, output: Any) -> SequenceUsage:
+    """A sequence's usage from the engine's RequestOutput (None: it never reached the engine, or failed)."""
+    if output is None:
+        return SequenceUsage(request_id, prompt_len, 0, None)
+    m = output.metrics
+    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, m.first_scheduled,
+                         m.first_token, m.last_token, m.cpu_s, m.device_s)
+
+
+class AsyncEngineAdapter:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.llm = engine.engine
+        self.tokenizer = self.llm.tokenizer
+        self.max_seq_len: int = int(self.llm.max_seq_len)
+        self.max_num_seqs: int = int(getattr(self.llm.scheduler, "max_num_seqs", 0) or
+                                     getattr(self.llm.scheduler, "max_batch", 0) or 1)
+        self.eos_token_id: int | None = getattr(self.tokenizer, "eos_token_id", None)
+        self.restarts = 0
+        self._block_bytes = self.llm.storage.nbytes // max(1, self.llm.block_manager.num_blocks)
+        self._live: dict[str, Any] = {}  # request id -> RequestStream
+        self._drains: set[asyncio.Task] = set()  # cost reports of aborted sequences, awaited
+
+    # ---------------------------------------------------------------- text
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode_ordinary(text)
+        return ids or ([self.eos_token_id] if self.eos_token_id is not None else [0])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    # ---------------------------------------------------------------- lifecycle
+    def is_alive(self) -> bool:
+        return self.engine.is_alive()
+
+    def last_step_age_s(self) -> float:
+        """The engine loop's own clock (it marks every pass, steps without output included); 0 when idle."""
+        return self.engine.last_step_age_s() if self.engine.num_running else 0.0
+
+    def kill(self, reason: str = "engine loop stopped") -> None:
+        """Stop the engine thread: every live sequence fails with EngineDead (what a crash looks like)."""
+        for rid, stream in list(self._live.items()):
+            stream.queue.put_nowait(EngineDead(reason))
+            self.engine.abort(rid)
+        self.engine.shutdown()
+
+    def restart(self) -> None:
+        self.kill("engine restarted")
+        for rid in list(self._live):
+            self.llm.abort(rid)  # the old thread is gone: free the blocks from here
+        self.engine = AsyncEngine(self.llm)
+        self.restarts += 1
+
+    def close(self) -> None:
+        """The server stops: abort what it still has in the engine; the engine's owner shuts it down."""
+        for rid, stream in list(self._live.items()):
+            stream.queue.put_nowait(EngineDead("server stopped"))
+            self.engine.abort(rid)
+
+    # ---------------------------------------------------------------- requests
+    def stats(self) -> EngineStats:
+        used, free = self.engine.num_used_blocks, self.engine.num_free_blocks
+        llm = self.llm
+        return EngineStats(self.engine.num_running, self.engine.num_waiting, used * self._block_bytes,
+                           self.max_num_seqs, kv_blocks_used=used, kv_blocks_free=free,
+                           kv_usage=used / max(1, used + free), preemptions=llm.num_preemptions,
+                           prefix_cache_hits=llm.prefix_cache_hit_tokens,
+                           prefix_cache_queries=llm.prefix_cache_query_tokens)
+
+    def add_step_listener(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+        """Call `listener(StepRecord)` on the engine thread after every step; returns its remover."""
+        self.llm.step_listeners.append(listener)
+        return lambda: self.llm.step_listeners.remove(listener) if listener in self.llm.step_listeners else None
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._live:
+            self.engine.abort(request_id)
+
+    async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                     on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]:
+        report: UsageCallback = on_usage or (lambda usage: None)
+        n = len(prompt_ids)
+        if not self.is_alive():
+            report(_usage(request_id, n, None))
+            raise EngineDead("engine loop is not running")
+        try:
+            stream = self.engine.add_request(request_id, list(prompt_ids), params)
+        except (PromptTooLongError, AdmissionError) as e:
+            report(_usage(request_id, n, None))
+            raise RequestRejected(str(e)) from None
+        self._live[request_id] = stream
+        reported = False
+        try:
+            async for delta in stream:
+                if delta.finished:  # before the last tokens: whoever sees the end sees the cost
+                    report(_usage(request_id, n, delta.output))
+                    reported = True
+                for i, tid in enumerate(delta.token_ids):
+                    info = delta.logprobs[i] if delta.logprobs and i < len(delta.logprobs) else None
+                    top = tuple(sorted(info["top"].items(), key=lambda kv: -kv[1])) if info else ()
+                    yield TokenEvent(tid, info["logprob"] if info else None, top)
+                if delta.finish_reason == "abort":
+                    return
+        except BaseException:
+            if not reported and stream.finished:  # the engine failed it: no output will come
+                report(_usage(request_id, n, None))
+                reported = True
+            raise
+        finally:
+            self._live.pop(request_id, None)
+            await stream.aclose()
+            if not reported:  # left early: the abort's output (with what it cost) comes shortly
+                task = asyncio.get_running_loop().create_task(self._drain(stream, request_id, n, report))
+                self._drains.add(task)
+                task.add_done_callback(self._drains.discard)
+
+    @staticmethod
+    async def _drain(stream: Any, request_id: str, prompt_len: int, report: UsageCallback) -> None:
+        """Wait for the aborted sequence's last delta and report its usage (empty if none comes)."""
+        output = None
+        try:
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                while True:
+                    item = await stream.queue.get()
+                    if isinstance(item, BaseException):
+                        break
+                    if item.finished:
+                        output = item.output
+                        break
+        except TimeoutError:
+            pass
+        report(_usage(request_id, prompt_len, output))

@@ -1,0 +1,109 @@
+"""One admitted request on the engine, with every protection around it.
+
+    admit(state, key, prep)           rate limit (429 + Retry-After) -> circuit breaker
+                                      (open: fallback / 503) -> admission gate (429 + Retry-After)
+    run(state, prep, usage)           async iterator of Delta (generation.py), or a single
+                                      `Fallback` when the engine failed and a fallback is set;
+                                      `usage` (observe.RequestUsage) gets every choice's engine
+                                      stamps and cost, aborted ones included
+
+    deadline passed       -> every choice aborted, ApiError 504
+    engine raised/stalled -> every choice aborted, breaker.record_failure(),
+                             Fallback(text) if cfg.fallback_text else ApiError 503
+    client went away      -> the caller cancels the task: every choice aborted
+    success               -> breaker.record_success()
+
+The gate's places are given back when the iterator closes, whatever happened.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from tinystack.observe.usage import RequestUsage
+from tinystack.serve.api.errors import SERVER_ERROR, TIMEOUT, ApiError
+from tinystack.serve.engine.generation import DeadlineExceeded, Delta, EngineFailed, EngineStalled, generate
+from tinystack.serve.api.requests import Prepared
+from tinystack.serve.state import ServerState
+
+logger = logging.getLogger("tinystack.serve")
+
+
+@dataclass
+class Fallback:
+    """The engine failed; answer every choice with `text`, marked degraded."""
+
+    text: str
+
+
+def _unavailable(state: ServerState, why: str) -> ApiError:
+    retry = max(1, round(state.breaker.retry_after_s())) if state.breaker.state != "closed" else 1
+    return ApiError(503, f"the model is unavailable: {why}; retry later", "engine_unavailable", SERVER_ERROR,
+                    headers={"Retry-After": str(retry)})
+
+
+def check_rate(state: ServerState, key: str, prep: Prepared) -> None:
+    tokens = len(prep.prompt_ids) + prep.params.max_tokens * prep.n
+    ok, retry, which = state.limiter.check(key, tokens)
+    if ok:
+        return
+    state.count("rejected_429")
+    if retry is None:
+        raise ApiError(429, f"this request needs {tokens} tokens, more than the limit of "
+                            f"{state.limiter.tokens_per_min:g} tokens per minute allows", "rate_limit_exceeded",
+                       "rate_limit_error")
+    limit = state.limiter.requests_per_min if which == "requests" else state.limiter.tokens_per_min
+    raise ApiError(429, f"rate limit of {limit:g} {which} per minute reached; retry in {retry} s",
+                   "rate_limit_exceeded", "rate_limit_error", headers={"Retry-After": str(retry)})
+
+
+async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = None
+              ) -> AsyncIterator[Delta | Fallback]:
+    """Deltas of the request's choices (see the module docstring). Raises ApiError."""
+    cfg = state.cfg
+    if not state.breaker.allow():
+        if cfg.fallback_text:
+            state.count("degraded")
+            yield Fallback(cfg.fallback_text)
+            return
+        raise _unavailable(state, "the circuit breaker is open after repeated engine failures")
+    probe = state.breaker.state == "half_open"
+    if not state.gate.try_enter(prep.n):
+        if probe:
+            state.breaker.release_probe()
+        state.count("rejected_429")
+        raise ApiError(429, f"server is at capacity ({state.gate.capacity} sequences running or queued); "
+                            "retry shortly", "server_overloaded", "rate_limit_error", headers={"Retry-After": "1"})
+    loop = asyncio.get_running_loop()
+    settled = False
+    try:
+        deltas = generate(state.adapter, prep.prompt_ids, prep.params, n=prep.n, stops=prep.stops,
+                          deadline=loop.time() + prep.timeout_s, stall_timeout_s=cfg.stall_timeout_s, usage=usage)
+        try:
+            async for delta in deltas:
+                yield delta
+        finally:
+            await deltas.aclose()
+        state.breaker.record_success()
+        settled = True
+    except DeadlineExceeded:
+        state.count("timeouts")
+        raise ApiError(504, f"request timed out after {prep.timeout_s:g} s; it was cancelled", "timeout",
+                       TIMEOUT) from None
+    except (EngineFailed, EngineStalled) as e:
+        settled = True
+        state.breaker.record_failure()
+        state.count("engine_failures")
+        why = "it stalled" if isinstance(e, EngineStalled) else "it failed"
+        logger.warning("engine failure (%s): %r", why, e.__cause__ or e)
+        if cfg.fallback_text:
+            state.count("degraded")
+            yield Fallback(cfg.fallback_text)
+            return
+        raise _unavailable(state, why) from None
+    finally:
+        state.gate.leave(prep.n)
+        if probe and not settled:
+            state.breaker.release_probe()

@@ -1,0 +1,120 @@
+"""Run the n choices of one request on the engine and merge them into one stream of `Delta`s.
+
+    generate(adapter, prompt_ids, params, n=, stops=, deadline=, stall_timeout_s=, usage=)
+      -> one task per choice: adapter.stream(request_id-i) -> IncrementalText (stop strings)
+      -> one asyncio.Queue -> Delta(index, text, tokens, finish_reason) in arrival order
+      -> each choice's engine usage (stamps, tokens, cost) -> usage.add, also when aborted
+
+Failure modes, all raised from the iterator, all of which abort every choice (so
+the engine frees their KV memory at once) before they propagate:
+
+    DeadlineExceeded   the request's deadline passed                           -> 504
+    EngineStalled      no token from the engine for `stall_timeout_s`          -> degraded / 503
+    EngineFailed       the engine raised (or died) while running a choice      -> degraded / 503
+    CancelledError     the client went away (the caller cancels the task)      -> nothing to answer
+
+Choice i uses seed + i, so n > 1 with a seed gives n different but reproducible answers.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator, Sequence
+
+from tinystack.infer.sampler import SamplingParams
+from tinystack.observe.usage import RequestUsage, SequenceUsage
+from tinystack.serve.engine.detok import IncrementalText
+from tinystack.serve.engine.adapter import EngineAdapter, TokenEvent
+
+
+class DeadlineExceeded(Exception):
+    """The request ran out of time."""
+
+
+class EngineStalled(Exception):
+    """The engine produced nothing for too long."""
+
+
+class EngineFailed(Exception):
+    """The engine raised while generating; the original exception is the __cause__."""
+
+
+@dataclass
+class Delta:
+    """New text of choice `index`; `finish_reason` is set on the choice's last delta."""
+
+    index: int
+    text: str
+    tokens: list[TokenEvent] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+async def _run_choice(adapter: EngineAdapter, request_id: str, index: int, prompt_ids: list[int],
+                      params: SamplingParams, stops: Sequence[str], out: asyncio.Queue,
+                      usage: RequestUsage | None, started: list[bool]) -> None:
+    started[index] = True  # no suspension from here to the adapter's stream body: it will report usage
+    text = IncrementalText(adapter.decode, stops)
+    count = 0
+    try:
+        async with aclosing(adapter.stream(request_id, prompt_ids, params,
+                                           usage.add if usage is not None else None)) as tokens:
+            async for event in tokens:
+                count += 1
+                delta = text.push(event.token_id)
+                if text.stopped:
+                    out.put_nowait(Delta(index, delta, [event], "stop"))
+                    return
+                out.put_nowait(Delta(index, delta, [event]))
+        out.put_nowait(Delta(index, text.flush(), [], "length" if count >= params.max_tokens else "stop"))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        out.put_nowait(e)
+
+
+async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
+                   stops: Sequence[str] = (), deadline: float, stall_timeout_s: float,
+                   usage: RequestUsage | None = None) -> AsyncIterator[Delta]:
+    """Deltas of all n choices (see the module docstring). `deadline` is on the loop's clock.
+    `usage` expects n sequence reports; each choice's adapter stream delivers one."""
+    loop = asyncio.get_running_loop()
+    base = uuid.uuid4().hex
+    ids = [f"{base}-{i}" for i in range(n)]
+    queue: asyncio.Queue = asyncio.Queue()
+    tasks = []
+    started = [False] * n
+    if usage is not None:
+        usage.expect(n)
+    for i, rid in enumerate(ids):
+        p = params if params.seed is None else replace(params, seed=params.seed + i)
+        tasks.append(asyncio.create_task(_run_choice(adapter, rid, i, prompt_ids, p, stops, queue, usage,
+                                                     started)))
+    finished = 0
+    try:
+        while finished < n:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise DeadlineExceeded()
+            try:
+                item = await asyncio.wait_for(queue.get(), min(remaining, stall_timeout_s))
+            except asyncio.TimeoutError:
+                if deadline - loop.time() <= 0:
+                    raise DeadlineExceeded() from None
+                if adapter.stats().waiting > 0 and adapter.last_step_age_s() < stall_timeout_s:
+                    continue  # our choice is queued behind others that are progressing: not a stall
+                raise EngineStalled() from None
+            if isinstance(item, Exception):
+                raise EngineFailed(str(item)) from item
+            if item.finish_reason is not None:
+                finished += 1
+            yield item
+    finally:
+        for rid in ids:
+            adapter.abort(rid)
+        for t in tasks:
+            t.cancel()
+        if usage is not None:  # a choice cancelled before it started never reached the engine
+            for i in (i for i in range(n) if not started[i]):
+                usage.add(SequenceUsage(ids[i], len(prompt_ids), 0, None))

@@ -1,0 +1,1 @@
+"""The browser pages: playground and dashboard (pages.py) and their static files."""
