@@ -6,7 +6,7 @@
 2. a workload of N requests (default 64) whose prompt and output lengths are drawn from
    16-512: output tokens per CPU-second of
      transformers.generate in padded batches of 16 (left-padded, run to the batch's longest output),
-     our dynamic batcher (max_batch 16, batch runs to completion),
+     our dynamic batcher (batches of 16, batch runs to completion),
      our continuous batching (paged cache, chunked prefill).
 Times are this process's CPU seconds (one torch thread; see bench_infer_common.timed: the
 machine is shared), wall seconds recorded alongside. Writes benchmarks/results/generate.json.
@@ -109,7 +109,7 @@ def workload(ours, hf, n: int, lo: int, hi: int, seed: int = 0, skip_hf: bool = 
         dt, hf_outs = timed(hf_run)
         res["transformers_padded16"] = {"s": dt, "wall_s": timed.last_wall, "tokens_per_s": useful / dt}
         print(f"transformers.generate, padded batches of 16: {dt:.1f} CPU s ({timed.last_wall:.1f} wall)", flush=True)
-    dt, dyn, _ = ours_run(scheduler="dynamic", max_batch=16, kv_cache="paged", max_num_batched_tokens=8192)
+    dt, dyn, _ = ours_run(scheduler="dynamic", max_num_seqs=16, kv_cache="paged", max_num_batched_tokens=8192)
     res["ours_dynamic16"] = {"s": dt, "wall_s": timed.last_wall, "tokens_per_s": useful / dt}
     print(f"ours, dynamic batcher of 16: {dt:.1f} CPU s ({timed.last_wall:.1f} wall)", flush=True)
     dt, cont, llm = ours_run(scheduler="continuous", kv_cache="paged", max_num_seqs=64, max_num_batched_tokens=512)

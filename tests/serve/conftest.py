@@ -117,11 +117,16 @@ class Served:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """serve(engine, log=False, include_text=False, model_dir=None, **ServeConfig overrides) -> Served;
-    stopped at teardown."""
+    """serve(engine, log=False, include_text=False, model_dir=None, max_num_seqs=None, **ServeConfig overrides)
+    -> Served; stopped at teardown. `max_num_seqs` lowers the engine's own cap (infer.max_num_seqs: the
+    AsyncEngine's scheduler, the batch-1 Engine's worker threads), which the server's admission gate follows."""
     with ExitStack() as stack:
         def start(engine: Engine, log: bool = False, include_text: bool = False, model_dir: Path | None = None,
-                  **overrides) -> Served:
+                  max_num_seqs: int | None = None, **overrides) -> Served:
+            if max_num_seqs is not None:
+                target = engine.engine.scheduler if isinstance(engine, AsyncEngine) else engine
+                stack.callback(setattr, target, "max_num_seqs", getattr(target, "max_num_seqs", 8))
+                target.max_num_seqs = max_num_seqs
             cfg = replace(ServeConfig(), **overrides)
             log_path = tmp_path / f"requests-{len(list(tmp_path.iterdir()))}.jsonl" if log else None
             request_log = setup_request_log(log_path, include_text=include_text) if log else None

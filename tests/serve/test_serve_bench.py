@@ -29,7 +29,7 @@ def test_bench_serve_command_against_a_model_dir(tmp_path, model_dir):
     app = typer.Typer()
     app.command()(bench_serve)
     out = tmp_path / "bench.json"
-    r = CliRunner().invoke(app, ["--model", str(model_dir), "--batching", "continuous", "--max-num-seqs", "4",
+    r = CliRunner().invoke(app, ["--model", str(model_dir), "--scheduler", "continuous", "--max-num-seqs", "4",
                                  "--concurrency", "1,4", "--requests", "6", "--max-tokens", "4", "--out", str(out)])
     assert r.exit_code == 0, r.output
     rows = json.loads(out.read_text())["rows"]

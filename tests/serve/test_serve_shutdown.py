@@ -61,7 +61,7 @@ def test_sigterm_drains_in_flight_requests(faulty_engine):
 def test_tinystack_serve_exits_cleanly_on_sigterm(model_dir):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tinystack", "serve", "--model", str(model_dir), "--port", str(port),
-                             "--drain-delay", "1.0", "--shutdown-grace", "3", "--max-num-seqs", "2",
+                             "--drain-delay-s", "1.0", "--shutdown-grace-s", "3", "--max-num-seqs", "2",
                              "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

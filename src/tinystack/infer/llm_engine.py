@@ -41,7 +41,7 @@ class LLMEngine:
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  memory_limit: int | None = None, memory_buffer: float = 0.2, cpu_memory_fraction: float = 0.25,
                  num_kv_blocks: int | None = None,
-                 enable_prefix_caching: bool = True, max_batch: int = 16, max_wait: float = 0.05,
+                 enable_prefix_caching: bool = True, max_wait: float = 0.05,
                  stream_text: bool = False, hugepages: bool = True, verbose: bool = True):
         if kv_cache not in ("paged", "contiguous"):
             raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
@@ -54,9 +54,8 @@ class LLMEngine:
         self.device, self.dtype = param.device, param.dtype if param.is_floating_point() else torch.float32
         if kv_cache == "contiguous":  # one block per sequence, preallocated to the whole context
             block_size, enable_prefix_caching = self.max_seq_len, False
-        n_seqs = max_batch if scheduler == "dynamic" else max_num_seqs
         self.budget: MemoryBudget = plan_memory(
-            model, device=self.device, dtype=self.dtype, block_size=block_size, max_num_seqs=n_seqs,
+            model, device=self.device, dtype=self.dtype, block_size=block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, memory_limit=memory_limit, buffer=memory_buffer,
             cpu_fraction=cpu_memory_fraction, max_blocks=num_kv_blocks)
         if verbose:  # on stderr: stdout may be a stream of generated text
@@ -64,7 +63,7 @@ class LLMEngine:
         self.storage = KVStorage(cfg.n_layer, self.budget.num_blocks, block_size, cfg.n_kv_head, cfg.head_dim,
                                  self.dtype, self.device, hugepages)
         self.block_manager = BlockManager(self.budget.num_blocks, block_size, enable_prefix_caching)
-        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_batch, max_wait) if scheduler == "dynamic"
+        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_num_seqs, max_wait) if scheduler == "dynamic"
                                      else Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens))
         self.runner = ModelRunner(model, self.storage, self.device, hugepages)
         if verbose and self.runner.arena is not None:

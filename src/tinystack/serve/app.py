@@ -47,13 +47,13 @@ logger = logging.getLogger("tinystack.serve")
 
 def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None) -> ServerState:
     """The shared objects of one server run (see state.py). Raises ValueError for a bad key file."""
-    adapter = make_adapter(engine, cfg.max_num_seqs)
+    adapter = make_adapter(engine)
     tok = adapter.tokenizer
     eos = ""
     if adapter.eos_token_id is not None:
         eos = tok.decode([adapter.eos_token_id])
     name = cfg.model_name or (Path(model_dir).name if model_dir else "tinystack")
-    return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(cfg.max_num_seqs, cfg.max_queued_requests),
+    return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(adapter.max_num_seqs, cfg.max_queued_requests),
                        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
                        limiter=RateLimiter(cfg.rate_limit_rpm, cfg.rate_limit_tpm),
                        keys=KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file)),

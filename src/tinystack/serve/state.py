@@ -47,7 +47,7 @@ class ServerState:
     def settings(self) -> dict[str, Any]:
         """The protection settings in force (printed at start-up, shown by /health)."""
         c = self.cfg
-        return {"max_num_seqs": c.max_num_seqs, "max_queued_requests": c.max_queued_requests,
+        return {"max_num_seqs": self.adapter.max_num_seqs, "max_queued_requests": c.max_queued_requests,
                 "timeout_s": c.timeout_s, "stall_timeout_s": c.stall_timeout_s, "max_body_bytes": c.max_body_bytes,
                 "max_tokens_limit": c.max_tokens_limit, "max_n": c.max_n, "fallback": bool(c.fallback_text),
                 "breaker_failures": c.breaker_failures, "breaker_cooldown_s": c.breaker_cooldown_s,

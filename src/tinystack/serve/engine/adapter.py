@@ -20,10 +20,12 @@ Two implementations, chosen by `make_adapter` from the engine's type:
 """
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, Protocol
 
+from tinystack.config import InferConfig
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
 
@@ -83,36 +85,22 @@ class EngineAdapter(Protocol):
     def close(self) -> None: ...
 
 
-BATCHING = ("continuous", "dynamic", "none", "threads")
+def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") -> Any:
+    """The AsyncEngine for a model directory, built from the [infer] section: dtype, quantize, kv_cache,
+    block_size, memory budget, and the scheduler (continuous batching of up to max_num_seqs sequences,
+    or the dynamic batcher's batches of max_num_seqs; max_num_seqs=1 is no batching)."""
+    from tinystack.infer import AsyncEngine
+
+    return AsyncEngine.from_dir(model_dir, device=device, **cfg.load_kwargs(), **cfg.engine_kwargs())
 
 
-def load_engine(model_dir: str | Path, batching: str = "continuous", max_num_seqs: int = 8,
-                device: str = "cpu") -> Any:
-    """The engine for a model directory:
-
-        continuous  AsyncEngine, continuous batching of up to max_num_seqs sequences, paged KV cache
-        dynamic     AsyncEngine, the dynamic batcher (batches of up to max_num_seqs, collected briefly)
-        none        AsyncEngine, one sequence at a time (no batching)
-        threads     the batch-1 Engine, max_num_seqs sequences on worker threads
-    """
-    if batching not in BATCHING:
-        raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
-    from tinystack.infer import AsyncEngine, Engine
-
-    if batching == "threads":
-        return Engine.from_dir(model_dir, device=device)
-    if batching == "dynamic":
-        return AsyncEngine.from_dir(model_dir, device=device, scheduler="dynamic", max_batch=max_num_seqs)
-    return AsyncEngine.from_dir(model_dir, device=device, scheduler="continuous",
-                                max_num_seqs=1 if batching == "none" else max_num_seqs)
-
-
-def make_adapter(engine: Any, max_num_seqs: int) -> EngineAdapter:
-    """The adapter for `engine`: an AsyncEngine keeps its own max_num_seqs; an Engine gets `max_num_seqs` threads."""
+def make_adapter(engine: Any) -> EngineAdapter:
+    """The adapter for `engine`: an AsyncEngine runs its own max_num_seqs; the batch-1 Engine (being removed) runs
+    `engine.max_num_seqs` worker threads (8 unless set)."""
     from tinystack.infer import AsyncEngine
 
     if isinstance(engine, AsyncEngine):
         from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
         return AsyncEngineAdapter(engine)
     from tinystack.serve.threaded_adapter import ThreadedEngineAdapter
-    return ThreadedEngineAdapter(engine, max_num_seqs)
+    return ThreadedEngineAdapter(engine, getattr(engine, "max_num_seqs", 8))

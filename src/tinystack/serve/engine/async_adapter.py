@@ -44,8 +44,7 @@ class AsyncEngineAdapter:
         self.llm = engine.engine
         self.tokenizer = self.llm.tokenizer
         self.max_seq_len: int = int(self.llm.max_seq_len)
-        self.max_num_seqs: int = int(getattr(self.llm.scheduler, "max_num_seqs", 0) or
-                                     getattr(self.llm.scheduler, "max_batch", 0) or 1)
+        self.max_num_seqs: int = self.llm.scheduler.max_num_seqs
         self.eos_token_id: int | None = getattr(self.tokenizer, "eos_token_id", None)
         self.restarts = 0
         self._block_bytes = self.llm.storage.nbytes // max(1, self.llm.block_manager.num_blocks)
