@@ -34,7 +34,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 @app.command()
 @config_command("run.workdir", "run.device")
-def run(cfg: Config, no_serve: Annotated[bool, typer.Option("--no-serve", help="Skip the server demo.")] = False) -> None:
+def run(cfg: Config,
+        no_serve: Annotated[bool, typer.Option("--no-serve", help="Skip the server demo.")] = False) -> None:
     """Run the whole pipeline on the built-in corpus (or data.inputs): data -> ... -> served answers."""
     from tinystack.pipeline import run_pipeline
 

@@ -107,7 +107,8 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end
     plot: bool = True  # write a PNG loss curve beside the training log
-    threads: int = 0  # torch intra-op threads (0 = torch's default, fastest on an idle machine); 1 helps when the cores are shared: under heavy load 2 threads ran 10-25x slower
+    # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran 10-25x slower (docs/train.md)
+    threads: int = 0  # torch intra-op threads (0 = torch's default: fastest on an idle machine)
 
 
 @dataclass
@@ -123,7 +124,7 @@ class EvalConfig:
     regression_cases: int = 16  # cases `tinystack run` builds from the held-out split
     regression_tolerance: float = 0.05  # nats/token a case may worsen before it counts as a regression
     baseline: str = ""  # model directory `tinystack run` gates the regression set against ("" = none)
-    threads: int = 0  # torch intra-op threads while evaluating (0 = torch's default); 1 when the cores are shared, see eval/threads.py
+    threads: int = 0  # torch intra-op threads while evaluating (0 = torch's default; 1 when the cores are shared)
 
 
 @dataclass

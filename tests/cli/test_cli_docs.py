@@ -1,5 +1,6 @@
-"""Every `tinystack ...` command line written in README.md, docs/*.md and the source's docstrings names a command
-that exists and only flags that command has (a renamed flag or a removed command must not live on in the docs)."""
+"""Every `tinystack ...` command line written in README.md, BENCHMARKS.md, docs/*.md and the source's docstrings
+names a command that exists and only flags that command has (a renamed flag or a removed command must not live on
+in the docs)."""
 import re
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def _problem(line: str) -> str | None:
     return f"{' '.join(path)} has no {unknown}" if unknown else None
 
 
-FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "src").rglob("*.py"))]
+FILES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md")),
+         *sorted((ROOT / "src").rglob("*.py"))]
 LINES = [(f.relative_to(ROOT), line) for f in FILES for line in _command_lines(f.read_text(encoding="utf-8"))]
 
 

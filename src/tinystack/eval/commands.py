@@ -26,8 +26,8 @@ app = typer.Typer(add_completion=False, help="Offline metrics of a model directo
 @config_command("eval", "run.device")
 def evaluate(cfg: Config, ctx: typer.Context,
              model: Annotated[Path | None, typer.Option(help="Model directory.")] = None,
-             data: Annotated[Path | None, typer.Option(
-                 help="Data directory with {train,val,test}.jsonl: per-source/length slices, bad cases, leakage.")] = None,
+             data: Annotated[Path | None, typer.Option(help="Data directory with {train,val,test}.jsonl: "
+                                                       "per-source/length slices, bad cases, leakage.")] = None,
              tokens: Annotated[Path | None, typer.Option(
                  help="Directory with val.bin/test.bin (else the JSONL splits are encoded in memory).")] = None,
              out: Annotated[Path, typer.Option(help="Where to write eval.json.")] = Path("eval.json")) -> None:

@@ -63,7 +63,8 @@ class LLMEngine:
         self.storage = KVStorage(cfg.n_layer, self.budget.num_blocks, block_size, cfg.n_kv_head, cfg.head_dim,
                                  self.dtype, self.device, hugepages)
         self.block_manager = BlockManager(self.budget.num_blocks, block_size, enable_prefix_caching)
-        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_num_seqs, max_wait) if scheduler == "dynamic"
+        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_num_seqs, max_wait)
+                                     if scheduler == "dynamic"
                                      else Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens))
         self.runner = ModelRunner(model, self.storage, self.device, hugepages)
         if verbose and self.runner.arena is not None:

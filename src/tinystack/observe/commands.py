@@ -19,7 +19,8 @@ from tinystack.config import Config
 
 
 @config_command()  # --config / --set like every command; the costs were priced when the requests were served
-def cost(cfg: Config, log: Annotated[list[Path], typer.Option(help="Request log (JSONL); repeat for several.", exists=True,
+def cost(cfg: Config,
+         log: Annotated[list[Path], typer.Option(help="Request log (JSONL); repeat for several.", exists=True,
                                                  dir_okay=False)],
          as_json: Annotated[bool, typer.Option("--json", help="Print the totals as JSON instead.")] = False,
          key: Annotated[str | None, typer.Option(help="Only this key id.")] = None) -> None:

@@ -20,8 +20,10 @@ from tinystack.config import Config
 @config_command("train", "model", "run.device")
 def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer directory with train.bin/val.bin.")],
           out: Annotated[Path, typer.Option(help="Model directory to write.")],
-          resume: Annotated[bool, typer.Option("--resume", help="Continue bit-exactly from the last checkpoint.")] = False,
-          ckpt_dir: Annotated[Path | None, typer.Option(help="Checkpoint directory (default <out>_checkpoints).")] = None,
+          resume: Annotated[bool, typer.Option("--resume",
+                                               help="Continue bit-exactly from the last checkpoint.")] = False,
+          ckpt_dir: Annotated[Path | None,
+                              typer.Option(help="Checkpoint directory (default <out>_checkpoints).")] = None,
           ) -> None:
     """Train the GPT on token files and write a model directory (+ checkpoints, JSONL log, PNG loss curve)."""
     from tinystack.pipeline import stage_train
