@@ -87,6 +87,11 @@ def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
     assert (tmp_path / "data" / "train.jsonl").read_bytes() == (workdir / "data" / "train.jsonl").read_bytes()
     assert (tmp_path / "tok" / "tokenizer.json").read_bytes() == (workdir / "tokenizer" / "tokenizer.json").read_bytes()
     assert json.loads((tmp_path / "eval.json").read_text())["val"]["tokens"] > 0
+    # lineage is complete however the model was trained: `tinystack train` by hand records the data it came from
+    lineage = json.loads((tmp_path / "model" / "tinystack.json").read_text())
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert lineage["data_manifest_hash"] == manifest["hash"]
+    assert lineage["tokenizer_hash"] == json.loads((workdir / "stages.json").read_text())["tokenizer"]["info"]["fingerprint"]
 
     proc = _run("generate", "--model", str(workdir / "model"), "--prompt", "Return the", "--temperature", "0",
                 "--max-tokens", "5")

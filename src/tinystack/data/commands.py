@@ -54,7 +54,7 @@ def _show(summary: dict[str, Any], title: str) -> None:
 def corpus(out: Annotated[Path, typer.Option(help="Output JSONL file.")] = Path("corpus.jsonl"),
            max_docs: Annotated[int, typer.Option(help="Cap on records (0 = all).")] = 0) -> None:
     """Generate the built-in corpus from the Python standard library's documentation."""
-    from tinystack.pipeline import stage_corpus
+    from tinystack.data.stage import stage_corpus
 
     cfg = resolve_config(None, None)
     cfg.data.corpus_max_docs = max_docs
@@ -144,7 +144,7 @@ def prepare(input: InputOpt, out: Annotated[Path, typer.Option(help="Output dire
             text_field: TextField = None, source_field: SourceField = None, id_field: IdField = None,
             config: ConfigOpt = None, set_: SetOpt = None, progress: Progress = True) -> None:
     """The whole chain (normalise, filter, dedup, split, leakage) into train/val/test.jsonl + manifest.json."""
-    from tinystack.pipeline import stage_data
+    from tinystack.data.stage import stage_data
 
     for p in input:
         if not p.exists():

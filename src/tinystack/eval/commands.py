@@ -34,7 +34,7 @@ def evaluate(ctx: typer.Context,
         return
     if model is None or (data is None and tokens is None):
         raise typer.BadParameter("give --model and --data (and/or --tokens)")
-    from tinystack.pipeline import stage_eval
+    from tinystack.eval.stage import stage_eval
 
     stage_eval(resolve_config(config, set_), model, tokens, out, data)
 
@@ -56,7 +56,7 @@ def regress(model: Annotated[Path, typer.Option(help="Model directory under test
     from tinystack.eval.regression import load_cases
     from tinystack.eval.show import print_regression
     from tinystack.eval.threads import torch_threads
-    from tinystack.pipeline import console
+    from tinystack.progress import console
 
     cfg = resolve_config(config, set_)
     tol = cfg.eval.regression_tolerance if tolerance is None else tolerance

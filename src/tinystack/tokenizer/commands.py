@@ -16,6 +16,6 @@ def train(data: Annotated[Path, typer.Option(help="Directory with train/val/test
           out: Annotated[Path, typer.Option(help="Output directory (tokenizer.json + *.bin).")],
           config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Train byte-level BPE on train.jsonl and encode every split to a token file."""
-    from tinystack.pipeline import stage_tokenizer
+    from tinystack.tokenizer.stage import stage_tokenizer
 
     stage_tokenizer(resolve_config(config, set_), data, out)

@@ -22,16 +22,13 @@ def train(tokens: Annotated[Path, typer.Option(help="Tokenizer directory with tr
           ckpt_dir: Annotated[Optional[Path], typer.Option(help="Checkpoint directory (default <out>_checkpoints).")] = None,
           ) -> None:
     """Train the GPT on token files and write a model directory (+ checkpoints, JSONL log, PNG loss curve)."""
-    from tinystack.pipeline import stage_train
-    from tinystack.tokenizer import load_tokenizer
     from tinystack.train.distributed import shutdown_distributed
+    from tinystack.train.stage import stage_train
 
     cfg = resolve_config(config, set_)
     if backend is not None:
         cfg.train.backend = backend
-    tok = load_tokenizer(tokens)
     try:
-        stage_train(cfg, tokens, out, out.parent / f"{out.name}_train_log.jsonl",
-                    {"tokenizer_hash": tok.fingerprint()}, resume=resume, ckpt_dir=ckpt_dir)
+        stage_train(cfg, tokens, out, out.parent / f"{out.name}_train_log.jsonl", resume=resume, ckpt_dir=ckpt_dir)
     finally:
         shutdown_distributed()
