@@ -21,6 +21,7 @@ from tinystack.cli_options import ConfigOpt, SetOpt, resolve_config
 from tinystack.config import ConfigError
 from tinystack.data.commands import app as data_app
 from tinystack.eval.commands import app as eval_app
+from tinystack.eval.commands import models_app
 from tinystack.infer.commands import bench, generate
 from tinystack.observe.commands import cost
 from tinystack.serve.commands import bench_serve, hash_key, serve
@@ -34,19 +35,32 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 @app.command()
 def run(config: ConfigOpt = None,
         workdir: Annotated[Optional[Path], typer.Option(help="Work directory (default runs/<timestamp>).")] = None,
-        set_: SetOpt = None, no_serve: Annotated[bool, typer.Option("--no-serve", help="Skip the server demo.")] = False) -> None:
+        set_: SetOpt = None,
+        no_serve: Annotated[bool, typer.Option("--no-serve", help="Skip the server demo.")] = False,
+        no_promote: Annotated[bool, typer.Option("--no-promote", help="Evaluate and gate, but do not promote "
+                                                                      "into the registry.")] = False,
+        registry: Annotated[Optional[Path], typer.Option(help="Model registry directory (run.registry).")] = None
+        ) -> None:
     """Run the whole pipeline on the built-in corpus (or data.inputs): data -> ... -> served answers."""
+    from tinystack.eval.promotion import NotPromoted
     from tinystack.pipeline import run_pipeline
 
     cfg = resolve_config(config, set_)
     wd = workdir or Path(cfg.run.workdir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    run_pipeline(cfg, wd, serve_demo=not no_serve)
+    if registry is not None:
+        cfg.run.registry = str(registry)
+    try:
+        run_pipeline(cfg, wd, serve_demo=not no_serve, promote=not no_promote)
+    except NotPromoted as e:
+        typer.secho(str(e), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
 
 
 app.add_typer(data_app, name="data")
 app.add_typer(tokenizer_app, name="tokenizer")
 app.command("train")(train)
 app.add_typer(eval_app, name="eval")
+app.add_typer(models_app, name="models")
 app.command("generate")(generate)
 app.command("serve")(serve)
 app.command("cost")(cost)

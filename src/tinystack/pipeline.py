@@ -4,7 +4,8 @@
                   -> tokenizer/tokenizer.json + {train,val,test}.bin  (tokenizer)
                   -> model/ (model directory) + train_log.jsonl       (train)
                   -> eval.json (metrics, slices, bad cases, leakage)  (eval)
-                  -> regression.jsonl + regression.json               (eval: regression set)
+                  -> regression.jsonl + regression.json               (eval: the gate's regression set, side
+                                                                       by side with the registry's current model)
                   -> report.md + report.html                          (eval: report)
                   -> a server on 127.0.0.1 answering a few requests   (serve + observe)
 
@@ -26,6 +27,9 @@ from typing import Any, Callable
 from tinystack.atomic import file_sha256, read_json, write_json
 from tinystack.config import Config
 from tinystack.data.stage import stage_corpus, stage_data
+from tinystack.eval.promotion import NotPromoted, promote_if_better
+from tinystack.eval.registry import ModelRegistry
+from tinystack.eval.regression import load_cases
 from tinystack.eval.stage import stage_eval, stage_regression, stage_report
 from tinystack.progress import console
 from tinystack.serve.stage import stage_demo
@@ -57,8 +61,9 @@ class StageCache:
         return info
 
 
-def run_pipeline(cfg: Config, workdir: Path, serve_demo: bool = True) -> dict[str, Any]:
-    """Run every stage in `workdir`, reusing the ones whose inputs have not changed."""
+def run_pipeline(cfg: Config, workdir: Path, serve_demo: bool = True, promote: bool = True) -> dict[str, Any]:
+    """Run every stage in `workdir`, reusing the ones whose inputs have not changed; then promote the model
+    into the registry if the gate allows (raises NotPromoted, after the demo, when it does not)."""
     workdir.mkdir(parents=True, exist_ok=True)
     write_json(workdir / "config.json", cfg.to_dict())
     cache = StageCache(workdir)
@@ -92,8 +97,10 @@ def run_pipeline(cfg: Config, workdir: Path, serve_demo: bool = True) -> dict[st
     lineage_path = model_dir / "tinystack.json"
     metrics = {split: evaluated[split] for split in ("val", "test")}
     write_json(lineage_path, {**read_json(lineage_path), "metrics": metrics})  # final metrics join the lineage
-    baseline = Path(cfg.eval.baseline) / "model.safetensors"
-    regression = cache.run("regression", _key(eval_key, file_sha256(baseline) if baseline.is_file() else ""),
+    registry = ModelRegistry(cfg.run.registry)
+    current = registry.current(cfg.run.name)
+    baseline_sha = registry.record(cfg.run.name)["model_sha256"] if current else ""
+    regression = cache.run("regression", _key(eval_key, cfg.run.name, current, baseline_sha),
                            [workdir / "regression.jsonl", workdir / "regression.json"],
                            lambda: stage_regression(cfg, model_dir, data_dir, workdir))
     report_inputs = [workdir / "eval.json", workdir / "regression.json", workdir / "train_log.jsonl"]
@@ -102,9 +109,23 @@ def run_pipeline(cfg: Config, workdir: Path, serve_demo: bool = True) -> dict[st
     console.print(f"report: {workdir / 'report.html'} (and report.md)")
     summary.update(data=data, tokenizer=tok, train=trained, eval=evaluated, regression=regression,
                    report=str(workdir / "report.html"))
+    decision: Exception | None = None
+    if promote:
+        try:
+            version = promote_if_better(registry, cfg.run.name, model_dir, read_json(workdir / "regression.json"),
+                                        load_cases(workdir / "regression.jsonl"), cfg.eval.regression_tolerance,
+                                        workdir)
+            console.print(f"[green]promoted[/green]: {cfg.run.name} {version} is current in {registry.root} "
+                          f"(serve it with --model registry:{cfg.run.name})")
+            summary["promoted"] = version
+        except NotPromoted as e:
+            decision = e
+            console.print(f"[red]{e}[/red]")
     if serve_demo:
         summary["demo"] = stage_demo(cfg, model_dir, workdir / "logs" / "requests.jsonl")
     console.print(f"\n[bold]done.[/bold] everything is in {workdir}/: data/ (splits + manifest.json), tokenizer/, "
                   f"model/ (model directory), train_log.jsonl, eval.json, regression.jsonl/.json, report.md/.html, "
                   f"logs/requests.jsonl, stages.json")
+    if decision is not None:
+        raise decision
     return summary

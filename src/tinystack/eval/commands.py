@@ -68,3 +68,55 @@ def regress(model: Annotated[Path, typer.Option(help="Model directory under test
         write_json(out, result)
     if result["summary"]["regressed"]:
         raise typer.Exit(1)
+
+
+models_app = typer.Typer(no_args_is_help=True, help="The model registry: promoted models per name, and which is current.")
+RegistryOpt = Annotated[Optional[Path], typer.Option(help="Registry directory (default: run.registry).")]
+
+
+def _registry(registry: Path | None, config: Path | None, set_: list[str] | None):
+    from tinystack.eval.registry import ModelRegistry
+
+    return ModelRegistry(registry or resolve_config(config, set_).run.registry)
+
+
+@models_app.command("list")
+def models_list(registry: RegistryOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Every name with its current version and how many versions it holds."""
+    reg = _registry(registry, config, set_)
+    names = reg.names()
+    if not names:
+        typer.echo(f"no models in {reg.root}")
+    for name in names:
+        idx = reg.index(name)
+        cur = reg.record(name) if idx["current"] else {}
+        typer.echo(f"{name}\tcurrent {idx['current'] or '-'}\t{len(reg.versions(name))} versions\t"
+                   f"model {str(cur.get('model_sha256') or '-')[:12]}\tfrom {cur.get('source', '-')}")
+
+
+@models_app.command("show")
+def models_show(name: str, version: Annotated[Optional[str], typer.Option(help="Default: the current one.")] = None,
+                registry: RegistryOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """A version's lineage record (JSON) and the promotion history."""
+    import json
+
+    reg = _registry(registry, config, set_)
+    idx = reg.index(name)
+    typer.echo(json.dumps({"current": idx["current"], "promotions": idx["promotions"],
+                           "versions": reg.versions(name), "record": reg.record(name, version)}, indent=2))
+
+
+@models_app.command("promote")
+def models_promote(name: str, version: str, registry: RegistryOpt = None, config: ConfigOpt = None,
+                   set_: SetOpt = None) -> None:
+    """Make VERSION of NAME current by hand (the gate is `tinystack run`; this is the operator's override)."""
+    reg = _registry(registry, config, set_)
+    reg.promote(name, version)
+    typer.echo(f"{name}: {version} is current")
+
+
+@models_app.command("rollback")
+def models_rollback(name: str, registry: RegistryOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Make the previously promoted version of NAME current again."""
+    reg = _registry(registry, config, set_)
+    typer.echo(f"{name}: rolled back to {reg.rollback(name)}")

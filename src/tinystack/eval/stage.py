@@ -35,20 +35,29 @@ def stage_eval(cfg: Config, model_dir: Path, tok_dir: Path | None, out: Path,
 
 
 def stage_regression(cfg: Config, model_dir: Path, data_dir: Path, workdir: Path) -> dict[str, Any]:
-    """Build regression.jsonl from the held-out splits, run it (against eval.baseline if set) -> regression.json."""
+    """The promotion gate's measurement: the name's regression set on the new model and, when the registry
+    has a current model of that name, on it side by side (+ val/test bits per byte) -> regression.jsonl
+    (the cases) and regression.json (results, summary and the gate's verdict)."""
     from tinystack.eval.gate import build_heldout_cases, run_regression
+    from tinystack.eval.promotion import regression_set, verdict
+    from tinystack.eval.registry import ModelRegistry
     from tinystack.eval.regression import write_cases
     from tinystack.eval.show import print_regression
     from tinystack.eval.threads import torch_threads
 
-    cases = build_heldout_cases(model_dir, data_dir, cfg.eval.regression_cases)
+    registry = ModelRegistry(cfg.run.registry)
+    heldout = build_heldout_cases(model_dir, data_dir, cfg.eval.regression_cases)
+    cases, baseline, version = regression_set(registry, cfg.run.name, heldout,
+                                              cfg.eval.gen_prompts or cfg.run.demo_prompts, cfg.eval.gen_max_tokens)
     write_cases(workdir / "regression.jsonl", cases)
     with torch_threads(cfg.eval.threads):
-        result = run_regression(model_dir, cases, Path(cfg.eval.baseline) if cfg.eval.baseline else None,
-                                tolerance=cfg.eval.regression_tolerance, device=cfg.run.device)
+        result = run_regression(model_dir, cases, baseline, tolerance=cfg.eval.regression_tolerance,
+                                device=cfg.run.device, data_dir=data_dir if baseline else None, eval_cfg=cfg.eval)
+    result["gate"] = {"name": cfg.run.name, "registry": str(registry.root), "baseline_version": version,
+                      **verdict(result)}
     write_json(workdir / "regression.json", result)
     print_regression(console, result)
-    return result["summary"]
+    return {**result["summary"], "gate": result["gate"]}
 
 
 def stage_report(cfg: Config, workdir: Path) -> dict[str, Any]:
