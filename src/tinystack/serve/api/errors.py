@@ -1,7 +1,8 @@
 """Every failure becomes one JSON shape, OpenAI's: `{"error": {"message", "type", "param", "code"}}`.
 
     ApiError raised anywhere in a request          -> its status, message, type, code
-    RequestValidationError (pydantic / FastAPI)    -> 422 "field: reason; ..." (malformed JSON -> 400)
+    RequestValidationError (pydantic / FastAPI)    -> 400 "field: reason; ..." (/generate: 422); malformed
+                                                      JSON and text with an unpaired surrogate: 400 on every route
     Starlette HTTPException (404, 405, ...)        -> its status, reshaped
     anything else                                  -> 500 "internal server error (request id ...)"
                                                       (middleware.py; the traceback goes to the
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinystack.serve.api.context import get_context
-from tinystack.serve.api.schemas import ErrorDetail, ErrorResponse
+from tinystack.serve.api.schemas import UNPAIRED_SURROGATE, ErrorDetail, ErrorResponse
 
 logger = logging.getLogger("tinystack.serve")
 
@@ -98,6 +99,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         pos = [p for p in bad_json.get("loc", ()) if isinstance(p, int)]
         where = f" at character {pos[0]}" if pos else ""
         return error_response(request, 400, f"malformed JSON body: {reason}{where}", INVALID_REQUEST, "malformed_json")
+    bad_text = next((e for e in errors if e.get("type") == UNPAIRED_SURROGATE), None)
+    if bad_text is not None:  # not a field out of range but text that is no Unicode: 400 like malformed JSON
+        where = (bad_text.get("ctx") or {}).get("param")
+        return error_response(request, 400, bad_text["msg"], INVALID_REQUEST, "invalid_unicode",
+                              None if where == "request body" else where)
     # OpenAI answers 400 for a bad field; /generate keeps the foundation's 422
     status = 422 if request.url.path == "/generate" else 400
     param = _field_name(tuple(errors[0].get("loc", ()))) if errors else None

@@ -15,21 +15,18 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinystack.serve.api.schemas import SEED_MAX
+from tinystack.serve.api.schemas import SEED_MAX, STRICT, RequestBody
 
-_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 Stop = Union[str, list[str], None]
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
-
-    model_config = _STRICT
 
     model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
     max_tokens: int | None = Field(None, ge=1, description="Default: ServeConfig.default_max_tokens, capped by "
@@ -60,7 +57,7 @@ class CompletionRequest(_Sampling):
 
 
 class TextPart(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
