@@ -19,12 +19,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tinystack.observe.metrics import CONTENT_TYPE
 from tinystack.serve.api import openai_service, service
 from tinystack.serve.api.deps import Caller, Context, State, Validated, open_or_caller
-from tinystack.serve.engine.disconnect import ClientDisconnected, unless_disconnected
 from tinystack.serve.api.errors import ApiError
-from tinystack.serve.engine.execution import check_rate
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.api.requests import Prepared, prepare_chat, prepare_completion, prepare_off_loop
 from tinystack.serve.api.schemas import ErrorResponse, GenerateResponse, HealthResponse
+from tinystack.serve.engine.disconnect import ClientDisconnected, unless_disconnected
+from tinystack.serve.engine.execution import check_rate
 
 router = APIRouter()
 
@@ -84,8 +84,9 @@ async def _openai(request: Request, state: State, ctx: Context, who: str, kind: 
                 yield chunk
             complete = True
         finally:  # also on client disconnect (Starlette cancels us): aborts the sequences
-            if not complete:
+            if not complete:  # cut short: the client went away (errors are sent as events, then [DONE])
                 ctx.failure = ctx.failure or "aborted"
+                state.count("aborted")
             await events.aclose()
 
     return StreamingResponse(body(), media_type="text/event-stream",
@@ -139,8 +140,9 @@ async def metrics(request: Request, state: State) -> Response:
 
 @router.get("/metrics.json", dependencies=_OPEN)
 async def metrics_json(state: State) -> dict[str, Any]:
-    """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts) and the settings."""
+    """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts), the engine's
+    sequences ended by finish reason, and the settings."""
     s = state.adapter.stats()
     return {"counters": dict(state.counters), "breaker": state.breaker.state, "in_flight": state.gate.in_flight,
             "running": s.running, "waiting": s.waiting, "kv_bytes_in_use": s.kv_bytes_in_use,
-            "settings": state.settings()}
+            "sequences_ended": s.ended, "settings": state.settings()}

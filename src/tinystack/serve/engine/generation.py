@@ -14,6 +14,10 @@ the engine frees their KV memory at once) before they propagate:
     CancelledError     the client went away (the caller cancels the task)      -> nothing to answer
 
 Choice i uses seed + i, so n > 1 with a seed gives n different but reproducible answers.
+
+The merged queue is read with `_get_within`, not `asyncio.wait_for`: on Python < 3.12,
+wait_for returns the item (and drops the cancellation) when the task is cancelled in the
+moment the item arrives, so a client that went away kept its sequences generating to the end.
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ from typing import AsyncIterator, Sequence
 
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import RequestUsage, SequenceUsage
-from tinystack.serve.engine.detok import IncrementalText
 from tinystack.serve.engine.adapter import EngineAdapter, TokenEvent
+from tinystack.serve.engine.detok import IncrementalText
 
 
 class DeadlineExceeded(Exception):
@@ -74,6 +78,24 @@ async def _run_choice(adapter: EngineAdapter, request_id: str, index: int, promp
         out.put_nowait(e)
 
 
+_TIMED_OUT = object()
+
+
+async def _get_within(queue: asyncio.Queue, timeout: float) -> object:
+    """The next item, or _TIMED_OUT after `timeout` seconds. A cancellation always propagates
+    (asyncio.wait never swallows one), and an item is never lost: a getter cancelled after the
+    item was put leaves it in the queue."""
+    if not queue.empty():
+        return queue.get_nowait()
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        done, _ = await asyncio.wait({getter}, timeout=timeout)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    return getter.result() if done else _TIMED_OUT
+
+
 async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
                    stops: Sequence[str] = (), deadline: float, stall_timeout_s: float,
                    usage: RequestUsage | None = None) -> AsyncIterator[Delta]:
@@ -97,14 +119,15 @@ async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: Sampli
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DeadlineExceeded()
-            try:
-                item = await asyncio.wait_for(queue.get(), min(remaining, stall_timeout_s))
-            except asyncio.TimeoutError:
-                if deadline - loop.time() <= 0:
-                    raise DeadlineExceeded() from None
+            item = await _get_within(queue, min(remaining, stall_timeout_s))
+            if item is _TIMED_OUT:
+                # the loop's timers may fire a hair early: a wait bounded by the deadline that ran
+                # out is the deadline, even if loop.time() is not quite past it yet
+                if remaining <= stall_timeout_s or deadline - loop.time() <= 0:
+                    raise DeadlineExceeded()
                 if adapter.stats().waiting > 0 and adapter.last_step_age_s() < stall_timeout_s:
                     continue  # our choice is queued behind others that are progressing: not a stall
-                raise EngineStalled() from None
+                raise EngineStalled()
             if isinstance(item, Exception):
                 raise EngineFailed(str(item)) from item
             if item.finish_reason is not None:
