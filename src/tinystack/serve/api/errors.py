@@ -35,10 +35,11 @@ AUTH_ERROR = "authentication_error"
 
 
 class ApiError(Exception):
-    """An error answer: HTTP `status`, a message for the client, an error `type` and a precise `code`."""
+    """An error answer: HTTP `status`, a message for the client, an error `type` and a precise `code`;
+    `failure` is the metrics' failure reason when the status alone would say it wrong (observe.observer)."""
 
     def __init__(self, status: int, message: str, code: str, type: str = INVALID_REQUEST, *,
-                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None, failure: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -46,6 +47,7 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.headers = headers or {}
+        self.failure = failure
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.code, self.param)
@@ -87,6 +89,9 @@ def validation_message(errors: list[dict[str, Any]]) -> str:
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
+    ctx = get_context(request)
+    if ctx is not None and exc.failure is not None:
+        ctx.failure = exc.failure
     return error_response(request, exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
 
 

@@ -11,6 +11,7 @@ the engine frees their KV memory at once) before they propagate:
     DeadlineExceeded   the request's deadline passed                           -> 504
     EngineStalled      no token from the engine for `stall_timeout_s`          -> degraded / 503
     EngineFailed       the engine raised (or died) while running a choice      -> degraded / 503
+    ServerStopping     `stop` was set: the server's shutdown grace ran out     -> 503
     CancelledError     the client went away (the caller cancels the task)      -> nothing to answer
 
 Choice i uses seed + i, so n > 1 with a seed gives n different but reproducible answers.
@@ -43,6 +44,10 @@ class EngineStalled(Exception):
 
 class EngineFailed(Exception):
     """The engine raised while generating; the original exception is the __cause__."""
+
+
+class ServerStopping(Exception):
+    """The server is shutting down and its grace period for running requests is over."""
 
 
 @dataclass
@@ -81,26 +86,34 @@ async def _run_choice(adapter: EngineAdapter, request_id: str, index: int, promp
 _TIMED_OUT = object()
 
 
-async def _get_within(queue: asyncio.Queue, timeout: float) -> object:
-    """The next item, or _TIMED_OUT after `timeout` seconds. A cancellation always propagates
-    (asyncio.wait never swallows one), and an item is never lost: a getter cancelled after the
-    item was put leaves it in the queue."""
+async def _get_within(queue: asyncio.Queue, timeout: float, stop: asyncio.Future | None) -> object:
+    """The next item, or _TIMED_OUT after `timeout` seconds; raises ServerStopping once `stop` is done.
+    A cancellation always propagates (asyncio.wait never swallows one), and an item is never lost:
+    a getter cancelled after the item was put leaves it in the queue."""
+    if stop is not None and stop.done():
+        raise ServerStopping()
     if not queue.empty():
         return queue.get_nowait()
     getter = asyncio.ensure_future(queue.get())
     try:
-        done, _ = await asyncio.wait({getter}, timeout=timeout)
+        await asyncio.wait({getter} if stop is None else {getter, stop}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not getter.done():
             getter.cancel()
-    return getter.result() if done else _TIMED_OUT
+    if getter.done() and not getter.cancelled():
+        return getter.result()
+    if stop is not None and stop.done():
+        raise ServerStopping()
+    return _TIMED_OUT
 
 
 async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
                    stops: Sequence[str] = (), deadline: float, stall_timeout_s: float,
-                   usage: RequestUsage | None = None) -> AsyncIterator[Delta]:
+                   usage: RequestUsage | None = None, stop: asyncio.Future | None = None) -> AsyncIterator[Delta]:
     """Deltas of all n choices (see the module docstring). `deadline` is on the loop's clock.
-    `usage` expects n sequence reports; each choice's adapter stream delivers one."""
+    `usage` expects n sequence reports; each choice's adapter stream delivers one. `stop` done:
+    ServerStopping."""
     loop = asyncio.get_running_loop()
     base = uuid.uuid4().hex
     ids = [f"{base}-{i}" for i in range(n)]
@@ -119,7 +132,7 @@ async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: Sampli
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DeadlineExceeded()
-            item = await _get_within(queue, min(remaining, stall_timeout_s))
+            item = await _get_within(queue, min(remaining, stall_timeout_s), stop)
             if item is _TIMED_OUT:
                 # the loop's timers may fire a hair early: a wait bounded by the deadline that ran
                 # out is the deadline, even if loop.time() is not quite past it yet
