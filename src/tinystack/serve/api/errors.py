@@ -16,6 +16,7 @@ Retry-After), 503 engine unavailable or server draining, 504 timeout, 500 a bug.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -67,24 +68,33 @@ def error_response(request: Request, status: int, message: str, type: str, code:
     return JSONResponse(error_body(message, type, code, param), status_code=status, headers=headers)
 
 
-def _field_name(loc: tuple[Any, ...]) -> str:
+# pydantic names the branch of a union in an error's location ("stop.constrained-str",
+# "prompt.list[str]"); the client only needs the field
+_UNION_BRANCH = re.compile(r"(constrained-)?(str|int|float|bool|none)|(list|dict)\[.*\]")
+
+
+def _field_name(loc: tuple[Any, ...], kind: str | None = None) -> str:
     parts = [str(p) for p in loc if p != "body"]
+    keep_last = kind == "extra_forbidden"  # there the last part is the client's own key, whatever it is
+    parts = [p for i, p in enumerate(parts)
+             if not _UNION_BRANCH.fullmatch(p) or (keep_last and i == len(parts) - 1)]
     return ".".join(parts) if parts else "request body"
 
 
 def validation_message(errors: list[dict[str, Any]]) -> str:
-    """Pydantic errors -> "max_tokens: Input should be a valid integer; foo: Extra inputs are not permitted"."""
-    out = []
+    """Pydantic errors -> "max_tokens: Input should be a valid integer; foo: Extra inputs are not permitted";
+    the branches of a union field are one entry: "stop: String should have at least 1 character, or ..."."""
+    out: dict[str, list[str]] = {}
     for err in errors:
-        field = _field_name(tuple(err.get("loc", ())))
         kind = err.get("type")
+        field = _field_name(tuple(err.get("loc", ())), kind)
         if field == "request body" and kind == "missing":
-            out.append('request body is required: a JSON object with at least "prompt"')
+            out.setdefault('request body is required: a JSON object with at least "prompt"', [])
         elif field == "request body" and kind in ("model_attributes_type", "dict_type", "model_type"):
-            out.append("request body must be a JSON object (send Content-Type: application/json)")
+            out.setdefault("request body must be a JSON object (send Content-Type: application/json)", [])
         else:
-            out.append(f"{field}: {err.get('msg', 'invalid value')}")
-    return "; ".join(out) or "invalid request"
+            out.setdefault(f"{field}: ", []).append(err.get("msg", "invalid value"))
+    return "; ".join(head + ", or ".join(msgs) for head, msgs in out.items()) or "invalid request"
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -111,7 +121,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
                               None if where == "request body" else where)
     # OpenAI answers 400 for a bad field; /generate keeps the foundation's 422
     status = 422 if request.url.path == "/generate" else 400
-    param = _field_name(tuple(errors[0].get("loc", ()))) if errors else None
+    # the deepest error names the field best (of a union's branches, the one that got furthest)
+    deepest = max(errors, key=lambda e: len(e.get("loc", ())), default=None)
+    param = _field_name(tuple(deepest.get("loc", ())), deepest.get("type")) if deepest else None
     return error_response(request, status, validation_message(errors), INVALID_REQUEST, "validation_error",
                           None if param == "request body" else param)
 

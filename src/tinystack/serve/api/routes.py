@@ -31,6 +31,17 @@ router = APIRouter()
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
                                             for code in (400, 401, 413, 422, 429, 500, 503, 504)}
 _OPEN = [Depends(open_or_caller)]
+_SSE_EVENT = {"type": "object", "description": "One server-sent event (the schema of each event, not of the "
+                                              "whole body).", "required": ["data"],
+              "properties": {"data": {"type": "string", "description": "A chunk as JSON (a completion or "
+                                                                       "chat.completion.chunk object, or "
+                                                                       "{\"error\": ...}), or [DONE]."}}}
+# A completion answers JSON, or with `stream: true` server-sent events: say both in /openapi.json
+_STREAMED = {**_ERRORS, 200: {"description": "The whole answer (JSON), or with `stream: true` server-sent events: "
+                                             "`data: {chunk}` lines, then `data: [DONE]`; an error after the "
+                                             "first chunk is a `data: {\"error\": ...}` event before [DONE].",
+                              "content": {"application/json": {"schema": {"type": "object"}},
+                                          "text/event-stream": {"schema": _SSE_EVENT}}}}
 
 
 def _closed_response(status: int = 499) -> JSONResponse:
@@ -94,7 +105,7 @@ async def _openai(request: Request, state: State, ctx: Context, who: str, kind: 
                                       "x-time-to-first-token": f"{ttft:.6f}"})
 
 
-@router.post("/v1/completions", responses=_ERRORS)
+@router.post("/v1/completions", responses=_STREAMED)
 async def completions(request: Request, body: CompletionRequest, state: State, ctx: Context, who: Caller) -> Any:
     """OpenAI completions; `stream: true` answers with server-sent events ending in `data: [DONE]`."""
     chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
@@ -102,7 +113,7 @@ async def completions(request: Request, body: CompletionRequest, state: State, c
     return await _openai(request, state, ctx, who, "text", prep)
 
 
-@router.post("/v1/chat/completions", responses=_ERRORS)
+@router.post("/v1/chat/completions", responses=_STREAMED)
 async def chat_completions(request: Request, body: ChatCompletionRequest, state: State, ctx: Context,
                            who: Caller) -> Any:
     """OpenAI chat completions (the model's chat template, or a plain `role: content` format)."""

@@ -4,7 +4,9 @@ Static limits live on the fields; limits that depend on the server's `ServeConfi
 (`max_tokens <= max_tokens_limit`, prompt length in characters and tokens) are
 checked by the `validated_request` dependency (deps.py), before the request waits
 for a concurrency slot. Fields are strict: `"5"` is not an integer and `1.5` is not
-one either; unknown fields are rejected, so a typo never silently falls back to a default.
+one either, but `5.0` is (JSON Schema's "integer", which /openapi.json states, is any number
+with no fraction, and OpenAI accepts it); unknown fields are rejected, so a typo never
+silently falls back to a default.
 
 Every request body is a `RequestBody`: before any field is looked at, the whole raw body
 (values and keys, at any depth) is searched for an unpaired UTF-16 surrogate (JSON allows
@@ -15,9 +17,9 @@ errors.py answers with 400 `invalid_unicode` on every route.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed range we accept
@@ -66,6 +68,16 @@ class RequestBody(BaseModel):
                                                           "(escaped as \\ud800-\\udfff); send valid Unicode",
                                       {"param": where})
         return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral(cls, value: Any, info: ValidationInfo) -> Any:
+        """5.0 -> 5 for an integer field (a float with no fraction is the integer the schema promises)."""
+        if type(value) is float and value.is_integer() and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if annotation is int or int in get_args(annotation):
+                return int(value)
+        return value
 
 
 class GenerateRequest(RequestBody):
