@@ -24,7 +24,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt  # noqa: E402
-
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.infer import LLMEngine, SamplingParams  # noqa: E402
 from tinystack.infer.weight_arena import hugepage_empty  # noqa: E402
@@ -94,10 +93,9 @@ def main() -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     x = [r["batch"] for r in rows]
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))

@@ -36,8 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_dedup_corpus import (EN_ALPHABET, ZH_ALPHABET, all_pairs_jaccard, chinese_bases, english_bases,
-                                ladder_pairs, planted)
+from bench_dedup_corpus import (
+    EN_ALPHABET,
+    ZH_ALPHABET,
+    all_pairs_jaccard,
+    chinese_bases,
+    english_bases,
+    ladder_pairs,
+    planted,
+)
 from tinystack.atomic import write_json
 from tinystack.data.dedup.minhash import MinHasher, estimate_interval
 from tinystack.data.dedup.near_duplicates import NearDupParams, find_pairs
@@ -174,10 +181,9 @@ def run_language(docs: list[str], ladder: list[tuple[str, str]], args: argparse.
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(results) + 1, figsize=(5 * (len(results) + 1), 4.2))
     g = np.linspace(0, 1, 401)

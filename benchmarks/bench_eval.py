@@ -130,10 +130,9 @@ def main() -> None:
 
 
 def _plot(gate: list[dict], tol: float, path: Path) -> None:
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = [g["sigma"] for g in gate]

@@ -23,7 +23,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer_common import RESULTS, finish, gpt2_124m, machine  # noqa: E402
-
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.infer.paged_cache import BatchView, KVStorage  # noqa: E402
 from tinystack.infer.weight_arena import hugepages_available, place_weights  # noqa: E402
@@ -83,9 +82,9 @@ def main() -> None:
 
 
 def plot(ms: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from tinystack.plotting import pyplot
+
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     hi = max(max(v) for v in ms.values())

@@ -23,11 +23,9 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -161,10 +159,9 @@ def main() -> None:
           f"{summary['input_growth_bytes'] / 2**20:.0f} MiB")
     RESULTS.mkdir(parents=True, exist_ok=True)
     write_json(RESULTS / "prepare.json", summary)
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     x = [r["docs"] for r in rows]

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt, timed  # noqa: E402
-
 from tinystack.atomic import write_json  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
 from tinystack.infer.quant import quantize_int8  # noqa: E402

@@ -47,7 +47,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt  # noqa: E402
-
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.config import ServeConfig  # noqa: E402
 from tinystack.infer import AsyncEngine, LLMEngine, SamplingParams  # noqa: E402
@@ -179,10 +178,9 @@ def http_overhead(pairs: int, prompt: int) -> dict:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for mode in dict.fromkeys(r["mode"] for r in rows):

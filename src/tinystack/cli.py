@@ -1,4 +1,5 @@
-"""The one command line: `tinystack run | data | tokenizer | train | eval | generate | serve | bench | cost | hash-key`.
+"""The one command line: `tinystack run | data | tokenizer | train | eval | models | generate | serve | bench | cost |
+hash-key`.
 
 Each layer keeps its own subcommands in `<layer>/commands.py`; this file only
 assembles them. Every subcommand takes `--config FILE.toml`, repeatable
@@ -22,6 +23,7 @@ from tinystack.config import Config
 from tinystack.data.commands import app as data_app
 from tinystack.errors import UserError
 from tinystack.eval.commands import app as eval_app
+from tinystack.eval.commands import models_app
 from tinystack.infer.commands import bench, generate
 from tinystack.observe.commands import cost
 from tinystack.serve.commands import bench_serve, hash_key, serve
@@ -33,20 +35,28 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 @app.command()
-@config_command("run.workdir", "run.device")
+@config_command("run.workdir", "run.device", "run.registry")
 def run(cfg: Config,
-        no_serve: Annotated[bool, typer.Option("--no-serve", help="Skip the server demo.")] = False) -> None:
+        no_serve: Annotated[bool, typer.Option("--no-serve", help="Skip the server demo.")] = False,
+        no_promote: Annotated[bool, typer.Option("--no-promote", help="Evaluate and gate, but do not promote "
+                                                                      "into the registry.")] = False) -> None:
     """Run the whole pipeline on the built-in corpus (or data.inputs): data -> ... -> served answers."""
+    from tinystack.eval.promotion import NotPromoted
     from tinystack.pipeline import run_pipeline
 
     wd = Path(cfg.run.workdir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
-    run_pipeline(cfg, wd, serve_demo=not no_serve)
+    try:
+        run_pipeline(cfg, wd, serve_demo=not no_serve, promote=not no_promote)
+    except NotPromoted as e:
+        typer.secho(str(e), fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
 
 
 app.add_typer(data_app, name="data")
 app.add_typer(tokenizer_app, name="tokenizer")
 app.command("train")(train)
 app.add_typer(eval_app, name="eval")
+app.add_typer(models_app, name="models")
 app.command("generate")(generate)
 app.command("serve")(serve)
 app.command("cost")(cost)

@@ -123,7 +123,6 @@ class EvalConfig:
     gen_max_tokens: int = 32
     regression_cases: int = 16  # cases `tinystack run` builds from the held-out split
     regression_tolerance: float = 0.05  # nats/token a case may worsen before it counts as a regression
-    baseline: str = ""  # model directory `tinystack run` gates the regression set against ("" = none)
     threads: int = 0  # torch intra-op threads while evaluating (0 = torch's default; 1 when the cores are shared)
 
 
@@ -208,6 +207,8 @@ class RunConfig:
     )
     demo_max_tokens: int = 40
     demo_port: int = 0  # 0 = pick a free port
+    registry: str = "runs/registry"  # the model registry `tinystack run` gates against and promotes into
+    name: str = "tinystack"  # the registry name this pipeline's models are promoted under
 
 
 @dataclass

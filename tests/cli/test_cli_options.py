@@ -18,7 +18,7 @@ PER_CALL = {
     "no_serve", "progress", "format", "resume", "ckpt_dir", "metric_tolerance", "max_tokens", "temperature", "top_k",
     "top_p", "min_p", "seed", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos",
     "prompt_tokens", "new_tokens", "url", "concurrency", "requests", "rate", "max_seconds", "api_key", "plot",
-    "as_json", "key",
+    "as_json", "key", "no_promote", "baseline", "version",
 }
 SHADOWING = {"seed": "generate's sampling seed, not train.seed", "plot": "bench serve's PNG path, not train.plot"}
 SECTIONS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in typing.get_type_hints(Config).items()}
@@ -40,8 +40,9 @@ COMMANDS = list(_commands(typer.main.get_command(app)))
 def test_the_walk_finds_every_command():
     names = {" ".join(p) for p, _ in COMMANDS}
     assert names == {"run", "data corpus", "data normalize", "data filter", "data dedup", "data split", "data prepare",
-                     "tokenizer train", "train", "eval", "eval regress", "generate", "serve", "cost", "hash-key",
-                     "bench kv", "bench serve"}
+                     "tokenizer train", "train", "eval", "eval regress", "models list", "models show",
+                     "models promote", "models rollback", "generate", "serve", "cost", "hash-key", "bench kv",
+                     "bench serve"}
 
 
 @pytest.mark.parametrize("path, command", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])

@@ -19,7 +19,7 @@ def _run(*args, timeout=240):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("run")
-    proc = _run("run", "--config", str(SMOKE), "--workdir", str(workdir))
+    proc = _run("run", "--config", str(SMOKE), "--workdir", str(workdir), "--registry", str(workdir / "registry"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return workdir, proc
 
@@ -52,7 +52,8 @@ def test_demo_requests_were_served_and_logged(smoke_run):
 
 def test_rerun_reuses_every_stage(smoke_run):
     workdir, _ = smoke_run
-    proc = _run("run", "--config", str(SMOKE), "--workdir", str(workdir), "--no-serve")
+    proc = _run("run", "--config", str(SMOKE), "--workdir", str(workdir), "--no-serve", "--registry",
+                str(workdir / "registry"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     for stage in ("corpus", "data", "tokenizer", "train", "eval"):
         assert f"{stage}: up to date" in proc.stdout
@@ -87,6 +88,11 @@ def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
     assert (tmp_path / "data" / "train.jsonl").read_bytes() == (workdir / "data" / "train.jsonl").read_bytes()
     assert (tmp_path / "tok" / "tokenizer.json").read_bytes() == (workdir / "tokenizer" / "tokenizer.json").read_bytes()
     assert json.loads((tmp_path / "eval.json").read_text())["val"]["tokens"] > 0
+    # lineage is complete however the model was trained: `tinystack train` by hand records the data it came from
+    lineage = json.loads((tmp_path / "model" / "tinystack.json").read_text())
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert lineage["data_manifest_hash"] == manifest["hash"]
+    assert lineage["tokenizer_hash"] == json.loads((workdir / "stages.json").read_text())["tokenizer"]["info"]["fingerprint"]
 
     proc = _run("generate", "--model", str(workdir / "model"), "--prompt", "Return the", "--temperature", "0",
                 "--max-tokens", "5")
@@ -94,3 +100,24 @@ def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
     assert "finish_reason=" in proc.stderr
     proc = _run("bench", "kv", "--model", str(workdir / "model"), "--prompt-tokens", "16", "--new-tokens", "16")
     assert proc.returncode == 0 and json.loads(proc.stdout)["same_tokens"] is True
+
+
+def test_the_run_promotes_its_model_and_refuses_a_worse_one(smoke_run, tmp_path):
+    """The first run promoted its model; a run that trains far less is gated against it and not promoted."""
+    workdir, proc = smoke_run
+    registry = workdir / "registry"
+    index = json.loads((registry / "tinystack" / "index.json").read_text())
+    assert index["current"] == "v1" and "promoted" in proc.stdout
+    record = json.loads((registry / "tinystack" / "v1" / "record.json").read_text())
+    lineage = json.loads((workdir / "model" / "tinystack.json").read_text())
+    assert record["data_manifest_hash"] == lineage["data_manifest_hash"]
+    assert record["metrics"]["val"]["loss"] == lineage["metrics"]["val"]["loss"]
+
+    worse = _run("run", "--config", str(SMOKE), "--workdir", str(tmp_path / "worse"), "--no-serve",
+                 "--registry", str(registry), "--set", "train.max_iters=40")
+    assert worse.returncode == 1, worse.stdout[-2000:] + worse.stderr[-2000:]
+    assert "not promoted: tinystack stays at v1; regressed:" in worse.stderr
+    assert "Traceback" not in worse.stderr
+    assert json.loads((registry / "tinystack" / "index.json").read_text())["current"] == "v1"
+    gate = json.loads((tmp_path / "worse" / "regression.json").read_text())["gate"]
+    assert gate["baseline_version"] == "v1" and not gate["promote"]

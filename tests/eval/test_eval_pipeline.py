@@ -13,15 +13,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_run_writes_regression_set_and_report(tmp_path):
     work = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "tinystack", "run", "--config", str(ROOT / "configs" / "smoke.toml"),
-                           "--workdir", str(work), "--no-serve", "--set", "train.max_iters=40",
+                           "--workdir", str(work), "--no-serve", "--registry", str(tmp_path / "registry"),
+                           "--set", "train.max_iters=40",
                            "--set", "eval.regression_cases=5"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"report: {work / 'report.html'}" in proc.stdout
     cases = [json.loads(line) for line in (work / "regression.jsonl").read_text().splitlines()]
-    assert len(cases) == 5 and all(c["expect"] == "max_loss" and c["prompt"] and c["target"] for c in cases)
+    loss = [c for c in cases if c["expect"] == "max_loss"]
+    assert len(loss) == 5 and all(c["prompt"] and c["target"] for c in loss)
+    # and per demo prompt two generation cases: repetition and no broken UTF-8
+    assert sorted(c["expect"] for c in cases if c not in loss) == ["max_repetition"] * 4 + ["not_contains"] * 4
     reg = json.loads((work / "regression.json").read_text())
-    assert reg["summary"]["total"] == 5 and len(reg["new"]["cases"]) == 5
+    assert reg["summary"]["total"] == len(cases) and len(reg["new"]["cases"]) == len(cases)
+    assert reg["gate"]["promote"] and reg["gate"]["baseline_version"] is None
     ev = json.loads((work / "eval.json").read_text())
     assert ev["val"]["docs"]["total"]["docs"] > 0 and ev["findings"] and "greedy" in ev["generation"]
     page = (work / "report.html").read_text()

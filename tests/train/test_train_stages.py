@@ -7,7 +7,8 @@ import torch
 
 from tinystack.config import load_config
 from tinystack.model.io import load_model
-from tinystack.pipeline import stage_tokenizer, stage_train
+from tinystack.tokenizer.stage import stage_tokenizer
+from tinystack.train.stage import stage_train
 from tinystack.tokenizer import CharTokenizer, load_tokenizer
 from tinystack.tokenizer.shards import load_tokens
 

@@ -32,23 +32,29 @@ truncated file; `manifest.json` is written last and its ``"hash"`` (over the thr
 split files) is the lineage id later stages record. Other layers ask "is a near
 duplicate of this text in train?" with ``NearDupIndex.from_jsonl(path).contains(texts)``.
 """
-from tinystack.data.filters.clean import LengthFilter, Normalize, normalize_text
-from tinystack.data.io.corpus import build_corpus, iter_corpus
 from tinystack.data.dedup.exact import ExactDedup, exact_key, text_sha256
-from tinystack.data.filters.quality import (CharsetFilter, QualityParams, RepetitionFilter, SymbolFilter,
-                                    WordCountFilter)
-from tinystack.data.io.formats import FieldMap, read_csv, read_parquet, write_parquet, write_records
-from tinystack.data.dedup.minhash import MinHasher, MinHashParams
-from tinystack.data.dedup.near_step import NearDedup
-from tinystack.data.dedup.near_duplicates import NearDupParams, find_pairs
 from tinystack.data.dedup.index import Match, NearDupIndex
+from tinystack.data.dedup.minhash import MinHasher, MinHashParams
+from tinystack.data.dedup.near_duplicates import NearDupParams, find_pairs
+from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.filters.clean import LengthFilter, Normalize, normalize_text
 from tinystack.data.filters.ngram_lm import CharNgramLM, PerplexityFilter
+from tinystack.data.filters.quality import CharsetFilter, QualityParams, RepetitionFilter, SymbolFilter, WordCountFilter
+from tinystack.data.io.corpus import build_corpus, iter_corpus
+from tinystack.data.io.formats import FieldMap, read_csv, read_parquet, write_parquet, write_records
 from tinystack.data.io.manifest import split_files_hash, verify_data_dir
-from tinystack.data.pipeline import prepare
 from tinystack.data.io.readers import input_files, read_inputs, read_jsonl, read_text
 from tinystack.data.io.records import Record, RecordError, parse_timestamp, write_jsonl
 from tinystack.data.io.rejects import Rejects
-from tinystack.data.split.splitter import SPLITS, Splitter, StreamSplitter, assign_sources, split_by_source, split_by_time
+from tinystack.data.pipeline import prepare
+from tinystack.data.split.splitter import (
+                                    SPLITS,
+                                    Splitter,
+                                    StreamSplitter,
+                                    assign_sources,
+                                    split_by_source,
+                                    split_by_time,
+)
 from tinystack.data.steps import Step, StepStats
 
 __all__ = [

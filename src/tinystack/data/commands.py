@@ -46,7 +46,7 @@ def _show(summary: dict[str, Any], title: str) -> None:
 @config_command("data.corpus_max_docs")
 def corpus(cfg: Config, out: Annotated[Path, typer.Option(help="Output JSONL file.")] = Path("corpus.jsonl")) -> None:
     """Generate the built-in corpus from the Python standard library's documentation."""
-    from tinystack.pipeline import stage_corpus
+    from tinystack.data.stage import stage_corpus
 
     stage_corpus(cfg, out)
 
@@ -112,7 +112,7 @@ def split(cfg: Config, input: InputOpt, out: OutDir, progress: Progress = True) 
 def prepare(cfg: Config, input: InputOpt, out: OutDir, progress: Progress = True) -> None:
     """The whole chain (normalise, filter, dedup, split, leakage) into train/val/test.jsonl + manifest.json,
     from the [data] section (every key settable with --set data.KEY=VALUE)."""
-    from tinystack.pipeline import stage_data
+    from tinystack.data.stage import stage_data
 
     for p in input:
         if not p.exists():

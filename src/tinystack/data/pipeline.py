@@ -38,11 +38,12 @@ from tinystack.data.filters.clean import LengthFilter, Normalize
 from tinystack.data.dedup.exact import ExactDedup
 from tinystack.data.filters.quality import QualityParams
 from tinystack.data.io.formats import IDENTITY, FieldMap
-from tinystack.data.io.manifest import FORMAT, MANIFEST, combine_hashes, sha256_file
+from tinystack.atomic import file_sha256
+from tinystack.data.io.manifest import FORMAT, MANIFEST, combine_hashes
 from tinystack.data.split.leakage import LeakageCheck
 from tinystack.data.dedup.near_step import NearDedup
 from tinystack.data.dedup.near_duplicates import NearDupParams
-from tinystack.data.progress import track
+from tinystack.progress import track
 from tinystack.data.io.readers import TextMode, input_files, read_inputs
 from tinystack.data.io.records import Record, write_jsonl
 from tinystack.data.io.rejects import Rejects
@@ -132,7 +133,7 @@ def prepare(
     splitter = StreamSplitter(split_by, val_fraction=val_fraction, test_fraction=test_fraction,
                               val_from=val_from, test_from=test_from, rejects=rejects)
     files = input_files(inputs)  # raises on a missing/unsupported input before work starts
-    input_info = [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in files]
+    input_info = [{"path": str(f), "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]
 
     read_stats = StepStats("read")
     stream: Iterable[Record] = _read_step(read_inputs(inputs, rejects, text_mode=text_mode, fields=fields),
@@ -168,7 +169,7 @@ def prepare(
             else:
                 recs = check.filter(k, recs)
             write_jsonl(path, _split_info(recs, info[k]))
-            files_out[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            files_out[path.name] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
             if check is not None and k != "test":
                 check.index(k, path)
     finally:

@@ -19,7 +19,7 @@ from tinystack.data.filters.quality import QualityParams
 from tinystack.data.io.formats import IDENTITY, FieldMap, write_records
 from tinystack.data.dedup.near_step import NearDedup
 from tinystack.data.dedup.near_duplicates import NearDupParams
-from tinystack.data.progress import track
+from tinystack.progress import track
 from tinystack.data.io.readers import read_inputs
 from tinystack.data.io.records import Record
 from tinystack.data.io.rejects import Rejects

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinystack.eval.progress import progress_bar
+from tinystack.progress import progress_bar
 from tinystack.model.gpt import GPT
 
 

@@ -18,10 +18,9 @@ def _png(fig: Any) -> bytes:
 
 
 def _figure(width: float = 7.0, height: float = 3.6) -> tuple[Any, Any]:
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")  # headless; must be chosen before pyplot is imported
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     return plt.subplots(figsize=(width, height))
 

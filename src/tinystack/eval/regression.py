@@ -5,36 +5,42 @@ A case is one JSON line:
     {"id": "val-3", "prompt": "Return the", "expect": "max_loss", "target": " number of items",
      "threshold": 5.5, "max_tokens": 32, "tolerance": 0.05}
 
-    expect        passes when                                         score (lower = better)
-    exact         the greedy continuation starts with `target`        0 pass / 1 fail
-    contains      `target` occurs in the greedy continuation          0 / 1
-    regex         re.search(target, greedy continuation) matches      0 / 1
-    max_loss      mean nats/token of `target` after `prompt` <= threshold   that mean loss
-    min_logprob   total log-probability of `target` >= threshold             that mean loss
+    expect          passes when                                               score (lower = better)
+    exact           the greedy continuation starts with `target`              0 pass / 1 fail
+    contains        `target` occurs in the greedy continuation                0 / 1
+    not_contains    `target` (a forbidden string) does not occur in it        0 / 1
+    regex           re.search(target, greedy continuation) matches            0 / 1
+    max_repetition  share of repeated 4-gram tokens in it <= threshold        that share (0..1)
+    max_loss        mean nats/token of `target` after `prompt` <= threshold   that mean loss
+    min_logprob     total log-probability of `target` >= threshold            that mean loss
 
 Loss-type cases score as mean nats per target token, so `tolerance` (nats/token)
 means the same for both. Comparing a NEW model with a BASELINE, a case *regresses*
 when it passed on the baseline and fails on the new model, or when its score got
 worse by more than its tolerance; the mean score of the loss-type cases is gated
 the same way. Greedy decoding and fixed prompts make a run deterministic.
+
+`calibrate` turns scores measured on a reference model into thresholds (score plus
+tolerance), so a case file is a meaningful gate on its own, without re-running that model.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from tinystack.atomic import atomic_open
-from tinystack.eval.generation import complete
+from tinystack.eval.generation import complete, repetition_rate
 from tinystack.eval.scoring import target_nats
 from tinystack.model.gpt import GPT
 
-KINDS = ("exact", "contains", "regex", "max_loss", "min_logprob")
+KINDS = ("exact", "contains", "not_contains", "regex", "max_repetition", "max_loss", "min_logprob")
 LOSS_KINDS = ("max_loss", "min_logprob")
+THRESHOLD_KINDS = (*LOSS_KINDS, "max_repetition")
 
 
 @dataclass
@@ -43,16 +49,16 @@ class Case:
     prompt: str
     expect: str
     target: str
-    threshold: float | None = None  # max_loss / min_logprob only
+    threshold: float | None = None  # max_loss / min_logprob / max_repetition only
     max_tokens: int = 32  # generation length for exact / contains / regex
     tolerance: float | None = None  # None: the run's default
 
     def __post_init__(self) -> None:
         if self.expect not in KINDS:
             raise ValueError(f"case {self.id}: expect must be one of {KINDS}, got {self.expect!r}")
-        if self.expect in LOSS_KINDS and self.threshold is None:
+        if self.expect in THRESHOLD_KINDS and self.threshold is None:
             raise ValueError(f"case {self.id}: expect={self.expect} needs a threshold")
-        if not self.target:
+        if not self.target and self.expect != "max_repetition":
             raise ValueError(f"case {self.id}: empty target")
         if self.expect == "regex":
             re.compile(self.target)
@@ -120,11 +126,17 @@ def run_case(model: GPT, tokenizer: Any, case: Case, device: str = "cpu") -> dic
         passed = loss <= case.threshold if case.expect == "max_loss" else logprob >= case.threshold
         return {"id": case.id, "expect": case.expect, "passed": bool(passed), "score": loss,
                 "detail": {"loss": loss, "logprob": logprob, "target_tokens": len(nats)}}
-    text, _ = complete(model, tokenizer, case.prompt, max_tokens=case.max_tokens, temperature=0.0, device=device)
+    text, ids = complete(model, tokenizer, case.prompt, max_tokens=case.max_tokens, temperature=0.0, device=device)
+    if case.expect == "max_repetition":
+        rep = repetition_rate(ids)
+        return {"id": case.id, "expect": case.expect, "passed": rep <= case.threshold, "score": rep,
+                "detail": {"completion": text, "repetition_rate": rep}}
     if case.expect == "exact":
         passed = text.startswith(case.target)
     elif case.expect == "contains":
         passed = case.target in text
+    elif case.expect == "not_contains":
+        passed = case.target not in text
     else:
         passed = re.search(case.target, text) is not None
     return {"id": case.id, "expect": case.expect, "passed": bool(passed), "score": 0.0 if passed else 1.0,
@@ -136,6 +148,40 @@ def run_cases(model: GPT, tokenizer: Any, cases: Sequence[Case], device: str = "
     losses = [r["score"] for r in results if r["expect"] in LOSS_KINDS]
     return {"cases": results, "passed": sum(r["passed"] for r in results), "total": len(results),
             "mean_loss": float(np.mean(losses)) if losses else None}
+
+
+def generation_cases(prompts: Sequence[str], *, max_tokens: int = 32, max_repetition: float = 1.0,
+                     forbidden: Sequence[str] = ("\ufffd",), prefix: str = "gen") -> list[Case]:
+    """Generation cases for each prompt: the greedy continuation's repetition share (at most `max_repetition`;
+    the default bar is none, `calibrate` sets it from a reference model's share) and no `forbidden` string
+    (by default U+FFFD: broken UTF-8). Small models loop under greedy decoding, so "no more looping than the
+    current model" is the bar that means something for them."""
+    cases = []
+    for i, prompt in enumerate(prompts):
+        cases.append(Case(id=f"{prefix}-{i}-repetition", prompt=prompt, expect="max_repetition", target="",
+                          threshold=max_repetition, max_tokens=max_tokens))
+        cases += [Case(id=f"{prefix}-{i}-forbid-{j}", prompt=prompt, expect="not_contains", target=s,
+                       max_tokens=max_tokens) for j, s in enumerate(forbidden)]
+    return cases
+
+
+def calibrate(cases: Sequence[Case], results: dict[str, Any], tolerance: float,
+              repetition_margin: float = 0.1) -> list[Case]:
+    """Cases whose thresholds come from a reference model's `results` (run_cases): a loss case's bar becomes
+    that model's loss + `tolerance` (min_logprob: its log-probability - tolerance x tokens), a repetition
+    case's its share + `repetition_margin` (capped at its current bar); pass/fail cases stay as they are."""
+    by_id = {r["id"]: r for r in results["cases"]}
+    out = []
+    for c in cases:
+        r = by_id[c.id]
+        if c.expect == "max_loss":
+            c = replace(c, threshold=round(r["score"] + tolerance, 4))
+        elif c.expect == "min_logprob":
+            c = replace(c, threshold=round(r["detail"]["logprob"] - tolerance * r["detail"]["target_tokens"], 4))
+        elif c.expect == "max_repetition":
+            c = replace(c, threshold=round(min(c.threshold, r["score"] + repetition_margin), 4))
+        out.append(c)
+    return out
 
 
 def compare(new: dict[str, Any], baseline: dict[str, Any], cases: Sequence[Case],

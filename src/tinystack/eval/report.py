@@ -113,17 +113,20 @@ def _edges(by_length: dict[str, Any]) -> list[int]:
 
 
 def _regression_section(reg: dict[str, Any]) -> Section:
-    s = reg["summary"]
+    s, gate = reg["summary"], reg.get("gate")
     if "rows" in reg:
         sec = Section("Regression set", headers=["case", "expect", "baseline", "new", "delta", "verdict"])
         sec.text.append(f"Against baseline {s['baseline']}: {s['better']} better, {s['worse']} worse, {s['same']} same "
                         f"(tolerance {s['tolerance']} nats/token); " + ("REGRESSED." if s["regressed"] else "no regression."))
         for r in reg["rows"]:
             sec.rows.append([r["id"], r["expect"], _f(r["baseline"]), _f(r["new"]), f"{r['delta']:+.3f}", r["verdict"]])
+        if gate:
+            sec.text.append(f"Promotion gate for {gate['name']!r} against {gate['baseline_version']}: "
+                            + ("promote." if gate["promote"] else f"not promoted ({', '.join(gate['failing'])})."))
         return sec
     sec = Section("Regression set", headers=["case", "expect", "score", "passed"],
-                  text=[f"{s['new_passed']} of {s['total']} cases pass; no baseline to compare with "
-                        f"(set [eval] baseline, or run `tinystack eval regress`)."])
+                  text=[f"{s['new_passed']} of {s['total']} cases pass; the registry held no model of this name to "
+                        f"compare with, so this model is gated on its own cases."])
     for r in reg["new"]["cases"]:
         sec.rows.append([r["id"], r["expect"], _f(r["score"]), "yes" if r["passed"] else "no"])
     return sec

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tinystack.eval.metrics import context_len
-from tinystack.eval.progress import progress_bar
+from tinystack.progress import progress_bar
 from tinystack.model.gpt import GPT
 
 IGNORE = -100  # cross_entropy's ignore_index: padded target positions

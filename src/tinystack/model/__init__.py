@@ -13,7 +13,7 @@ from tinystack.lazy import lazy_exports
 
 _EXPORTS = {
     "GPT": "tinystack.model.gpt",
-    "GPTConfig": "tinystack.model.gpt",
+    "GPTConfig": "tinystack.model.gpt_config",
     "ModelFormatError": "tinystack.model.io",
     "load_model": "tinystack.model.io",
     "read_lineage": "tinystack.model.io",

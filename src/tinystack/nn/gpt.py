@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numpy.typing import DTypeLike
 
-from tinystack.model.gpt import GPTConfig
+from tinystack.model.gpt_config import GPTConfig
 from tinystack.nn.attention import CausalSelfAttention
 from tinystack.nn.layers import GELU, Dropout, Embedding, LayerNorm, Linear
 from tinystack.nn.loss import softmax_cross_entropy

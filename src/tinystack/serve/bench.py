@@ -149,10 +149,9 @@ def breakdown_line(row: dict[str, Any]) -> str:
 
 def plot_percentiles(rows: list[dict[str, Any]], path: Any, title: str = "") -> None:
     """PNG: e2e and TTFT latency p50/p90/p99 against concurrency, one colour per mode (rows' "mode", if any)."""
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from tinystack.atomic import atomic_open
 

@@ -17,6 +17,6 @@ app = typer.Typer(no_args_is_help=True, help="Train the BPE tokenizer and encode
 def train(cfg: Config, data: Annotated[Path, typer.Option(help="Directory with train/val/test.jsonl.")],
           out: Annotated[Path, typer.Option(help="Output directory (tokenizer.json + *.bin).")]) -> None:
     """Train the tokenizer ([tokenizer] kind: byte-level BPE or char) on train.jsonl and encode every split."""
-    from tinystack.pipeline import stage_tokenizer
+    from tinystack.tokenizer.stage import stage_tokenizer
 
     stage_tokenizer(cfg, data, out)

@@ -26,13 +26,10 @@ def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer dire
                               typer.Option(help="Checkpoint directory (default <out>_checkpoints).")] = None,
           ) -> None:
     """Train the GPT on token files and write a model directory (+ checkpoints, JSONL log, PNG loss curve)."""
-    from tinystack.pipeline import stage_train
-    from tinystack.tokenizer import load_tokenizer
     from tinystack.train.distributed import shutdown_distributed
+    from tinystack.train.stage import stage_train
 
-    tok = load_tokenizer(tokens)
     try:
-        stage_train(cfg, tokens, out, out.parent / f"{out.name}_train_log.jsonl",
-                    {"tokenizer_hash": tok.fingerprint()}, resume=resume, ckpt_dir=ckpt_dir)
+        stage_train(cfg, tokens, out, out.parent / f"{out.name}_train_log.jsonl", resume=resume, ckpt_dir=ckpt_dir)
     finally:
         shutdown_distributed()

@@ -14,10 +14,9 @@ def read_log(log_path: str | Path) -> list[dict]:
 
 def plot_loss_curve(log_path: str | Path, png_path: str | Path, title: str = "training loss") -> Path:
     """Write `png_path` (atomically). Needs matplotlib (Agg backend, no display)."""
-    import matplotlib
+    from tinystack.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = read_log(log_path)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)

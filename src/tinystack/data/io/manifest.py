@@ -20,20 +20,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tinystack.atomic import read_json
+from tinystack.atomic import file_sha256, read_json
 
 SPLIT_FILES = ("train.jsonl", "val.jsonl", "test.jsonl")
 MANIFEST = "manifest.json"
 FORMAT = "tinystack.data/1"
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def combine_hashes(file_hashes: dict[str, str]) -> str:
@@ -45,7 +36,7 @@ def combine_hashes(file_hashes: dict[str, str]) -> str:
 def split_files_hash(data_dir: str | Path) -> str:
     """Recompute the lineage hash from the split files on disk."""
     data_dir = Path(data_dir)
-    return combine_hashes({name: sha256_file(data_dir / name) for name in SPLIT_FILES})
+    return combine_hashes({name: file_sha256(data_dir / name) for name in SPLIT_FILES})
 
 
 def verify_data_dir(data_dir: str | Path) -> dict:

@@ -7,7 +7,8 @@
                                                  engine reports what it did and cost (finished,
                                                  aborted: shortly after the abort, or failed)
     adapter.abort(request_id)                 -> the sequence stops, its KV memory is freed at once
-    adapter.stats()                           -> running / waiting / KV in use
+    adapter.stats()                           -> running / waiting / KV in use, and how many
+                                                 sequences the engine ended, by its finish reason
     adapter.is_alive(), restart(), last_step_age_s()   -> /health and the watchdog
     adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer
 
@@ -21,7 +22,7 @@ Two implementations, chosen by `make_adapter` from the engine's type:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,6 +62,9 @@ class EngineStats:
     preemptions: int = 0  # totals since the engine started (paged cache only)
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    # sequences the engine ended since the server started, by the engine's finish reason
+    # ("stop" | "length" | "abort"): what really happened there, whatever the client was told
+    ended: dict[str, int] = field(default_factory=dict)
 
 
 class EngineAdapter(Protocol):
