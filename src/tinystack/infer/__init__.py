@@ -20,13 +20,10 @@ from tinystack.lazy import lazy_exports
 _EXPORTS = {
     "AsyncEngine": "tinystack.infer.async_engine",
     "RequestStream": "tinystack.infer.async_engine",
-    "Engine": "tinystack.infer.engine",
-    "Generation": "tinystack.infer.engine",
-    "CacheFullError": "tinystack.infer.kv_cache",
-    "KVCache": "tinystack.infer.kv_cache",
     "LLM": "tinystack.infer.llm",
     "load_for_inference": "tinystack.infer.llm",
     "LLMEngine": "tinystack.infer.llm_engine",
+    "PromptError": "tinystack.infer.llm_engine",
     "PromptTooLongError": "tinystack.infer.llm_engine",
     "AdmissionError": "tinystack.infer.memory",
     "MemoryBudget": "tinystack.infer.memory",
@@ -35,13 +32,11 @@ _EXPORTS = {
     "TokenDelta": "tinystack.infer.outputs",
     "SamplingParams": "tinystack.infer.sampler",
     "sample_batch": "tinystack.infer.sampler",
-    "sample_next": "tinystack.infer.sampler",
     "top_k_filter": "tinystack.infer.sampler",
     "top_p_filter": "tinystack.infer.sampler",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["AdmissionError", "AsyncEngine", "CacheFullError", "Engine", "Generation", "KVCache", "LLM", "LLMEngine",
-           "MemoryBudget", "PromptTooLongError", "RequestMetrics", "RequestOutput", "RequestStream",
-           "SamplingParams", "TokenDelta", "load_for_inference", "sample_batch", "sample_next", "top_k_filter",
-           "top_p_filter"]
+__all__ = ["AdmissionError", "AsyncEngine", "LLM", "LLMEngine", "MemoryBudget", "PromptError", "PromptTooLongError",
+           "RequestMetrics", "RequestOutput", "RequestStream", "SamplingParams", "TokenDelta", "load_for_inference",
+           "sample_batch", "top_k_filter", "top_p_filter"]
