@@ -32,7 +32,11 @@ from tinystack.infer.sequence import Sequence
 from tinystack.infer.step_stats import EngineCounters, StepRecord
 
 
-class PromptTooLongError(ValueError):
+class PromptError(ValueError):
+    """A prompt the engine can never run; the message says why, with the numbers."""
+
+
+class PromptTooLongError(PromptError):
     """The prompt leaves no room for a single new token within the model's context."""
 
 
@@ -77,18 +81,31 @@ class LLMEngine:
         self.step_listeners: list[Callable[[StepRecord], None]] = []
 
     # -- requests --
-    def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
-        """Tokenise and check a request without touching engine state (safe from another thread).
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The ids the engine runs for `prompt` (text, or ids already): the one home of the prompt rules.
 
-        Raises PromptTooLongError, or AdmissionError (with the numbers) if it can never fit the cache."""
-        if request_id is None:
-            request_id, self._counter = f"req-{self._counter}", self._counter + 1
+        Text is tokenised with special-token text kept as text; an empty prompt starts from
+        EOS (the document separator, as in training); a prompt must leave room for one new
+        token in the context, else PromptTooLongError. Serving, evaluation and the CLI all
+        reach these rules through the engine. Safe from any thread (touches no engine state)."""
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode_ordinary(prompt)
         if not ids:
+            if self.tokenizer.eos_token_id is None:
+                raise PromptError("the prompt is empty and the tokenizer has no EOS token to start from")
             ids = [self.tokenizer.eos_token_id]
         if len(ids) >= self.max_seq_len:
             raise PromptTooLongError(f"prompt is {len(ids)} tokens; the model's context is {self.max_seq_len} "
                                      f"tokens, so a prompt may be at most {self.max_seq_len - 1} tokens")
+        return ids
+
+    def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Tokenise and check a request without touching engine state (safe from another thread).
+
+        Raises PromptError (see encode_prompt), or AdmissionError (with the numbers) if it can
+        never fit the cache."""
+        if request_id is None:
+            request_id, self._counter = f"req-{self._counter}", self._counter + 1
+        ids = self.encode_prompt(prompt)
         max_new = min(params.max_tokens, self.max_seq_len - len(ids))
         self.budget.admit(len(ids), max_new)
         gen = None

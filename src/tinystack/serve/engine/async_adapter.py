@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Callable
 
 from tinystack.infer import AsyncEngine
 from tinystack.infer.memory import AdmissionError
-from tinystack.infer.llm_engine import PromptTooLongError
+from tinystack.infer.llm_engine import PromptError
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
 from tinystack.serve.engine.adapter import EngineDead, EngineStats, RequestRejected, TokenEvent, UsageCallback
@@ -54,8 +54,8 @@ class AsyncEngineAdapter:
 
     # ---------------------------------------------------------------- text
     def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode_ordinary(text)
-        return ids or ([self.eos_token_id] if self.eos_token_id is not None else [0])
+        """The ids the engine will run (its prompt rules: empty -> EOS; PromptError when it can never run)."""
+        return self.llm.encode_prompt(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
@@ -119,7 +119,7 @@ class AsyncEngineAdapter:
             raise EngineDead("engine loop is not running")
         try:
             stream = self.engine.add_request(request_id, list(prompt_ids), params)
-        except (PromptTooLongError, AdmissionError) as e:
+        except (PromptError, AdmissionError) as e:
             report(_usage(request_id, n, None))
             raise RequestRejected(str(e)) from None
         self._live[request_id] = stream
