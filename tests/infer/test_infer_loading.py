@@ -5,7 +5,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tinystack.infer import LLM, Engine, SamplingParams
+from tinystack.infer import LLM, SamplingParams
 from tinystack.infer.quant import Int8Linear, quantize_int8
 from tinystack.infer.tokenizer import load_tokenizer
 from tinystack.model import GPT, GPTConfig, save_model
@@ -33,13 +33,17 @@ def test_one_tokenizer_path_matches_our_bpe(model_dir):
     assert loaded.eos_token_id == ours.eos_token_id
 
 
-def test_llm_and_engine_from_a_model_directory_agree(model_dir):
+def test_llm_batch_equals_each_prompt_alone_from_a_model_directory(model_dir):
+    """The batched engine and an unbatched one (max_num_seqs=1, one prompt at a time) give the same tokens."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    out = LLM(model_dir, memory_limit=2**30, max_num_seqs=4).generate(["def generate(", "héllo"], params)
-    single = Engine.from_dir(model_dir)
-    for o, p in zip(out, ["def generate(", "héllo"]):
-        assert o.token_ids == single.generate(p, params).token_ids
+    prompts = ["def generate(", "héllo", ""]
+    out = LLM(model_dir, memory_limit=2**30, max_num_seqs=4).generate(prompts, params)
+    single = LLM(model_dir, memory_limit=2**30, max_num_seqs=1)
+    for o, p in zip(out, prompts):
+        alone = single.generate([p], params)[0]
+        assert o.token_ids == alone.token_ids
         assert o.text == single.tokenizer.decode(o.token_ids)
+    assert out[2].prompt_token_ids == [single.tokenizer.eos_token_id]  # an empty prompt starts from EOS
 
 
 def test_generate_cli_streams_the_continuation(model_dir):

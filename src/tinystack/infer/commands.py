@@ -47,11 +47,14 @@ def generate(model: Annotated[Path, typer.Option(help="Model directory.")],
 def bench(model: Annotated[Path, typer.Option(help="Model directory.")],
           prompt_tokens: int = 64, new_tokens: int = 64, device: str = "cpu",
           out: Annotated[Optional[Path], typer.Option(help="Write the figures as JSON here.")] = None) -> None:
-    """Decode speed with the KV cache vs recomputing the whole sequence every token."""
+    """Greedy decode on the engine with its KV cache (contiguous) vs recomputing the whole sequence every token."""
     from tinystack.atomic import write_json
     from tinystack.infer.bench import kv_cache_speedup
 
-    result = kv_cache_speedup(model, prompt_tokens=prompt_tokens, new_tokens=new_tokens, device=device)
+    try:
+        result = kv_cache_speedup(model, prompt_tokens=prompt_tokens, new_tokens=new_tokens, device=device)
+    except (ValueError, FileNotFoundError) as e:  # too long for the context, not a model directory
+        raise typer.BadParameter(str(e)) from None
     typer.echo(json.dumps(result, indent=2))
     if out:
         write_json(out, result)
