@@ -20,8 +20,8 @@ import asyncio
 from typing import Any, AsyncIterator, Callable
 
 from tinystack.infer import AsyncEngine
-from tinystack.infer.memory import AdmissionError
 from tinystack.infer.llm_engine import PromptError
+from tinystack.infer.memory import AdmissionError
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
 from tinystack.serve.engine.adapter import EngineDead, EngineStats, RequestRejected, TokenEvent, UsageCallback
@@ -33,9 +33,7 @@ def _usage(request_id: str, prompt_len: int, output: Any) -> SequenceUsage:
     """A sequence's usage from the engine's RequestOutput (None: it never reached the engine, or failed)."""
     if output is None:
         return SequenceUsage(request_id, prompt_len, 0, None)
-    m = output.metrics
-    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, m.first_scheduled,
-                         m.first_token, m.last_token, m.cpu_s, m.device_s)
+    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, output.metrics)
 
 
 class AsyncEngineAdapter:
