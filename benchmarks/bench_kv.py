@@ -22,7 +22,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt, timed  # noqa: E402
-
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
 from tinystack.infer.bench import Recompute  # noqa: E402

@@ -4,7 +4,6 @@ import json
 import httpx
 import openai
 import pytest
-
 from serve_helpers import PROMPT
 
 

@@ -144,8 +144,8 @@ def run_cases(model: GPT, tokenizer: Any, cases: Sequence[Case], device: str = "
     texts = complete(model, tokenizer, [c.prompt for c in gen],
                      [SamplingParams(temperature=0.0, max_tokens=c.max_tokens) for c in gen], device=device)
     text_of = {id(c): text for c, (text, _) in zip(gen, texts)}
-    results = [_loss_case(model, tokenizer, c, device) if c.expect in LOSS_KINDS else _generation_case(c, text_of[id(c)])
-               for c in cases]
+    results = [_loss_case(model, tokenizer, c, device) if c.expect in LOSS_KINDS
+               else _generation_case(c, text_of[id(c)]) for c in cases]
     losses = [r["score"] for r in results if r["expect"] in LOSS_KINDS]
     return {"cases": results, "passed": sum(r["passed"] for r in results), "total": len(results),
             "mean_loss": float(np.mean(losses)) if losses else None}

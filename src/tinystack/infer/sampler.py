@@ -24,7 +24,7 @@ import torch
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy
 
 
-def is_greedy(p: "SamplingParams") -> bool:
+def is_greedy(p: SamplingParams) -> bool:
     return p.temperature < SAMPLING_EPS
 
 

@@ -23,9 +23,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from tinystack.infer.chat import ChatTemplateError, message_text
 from tinystack.infer.llm_engine import PromptError, PromptTooLongError
 from tinystack.infer.sampler import SamplingParams
-from tinystack.infer.chat import ChatTemplateError, message_text
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.state import ServerState
