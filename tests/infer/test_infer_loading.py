@@ -7,9 +7,8 @@ from typer.testing import CliRunner
 
 from tinystack.infer import LLM, SamplingParams
 from tinystack.infer.quant import Int8Linear, quantize_int8
-from tinystack.infer.tokenizer import load_tokenizer
 from tinystack.model import GPT, GPTConfig, save_model
-from tinystack.tokenizer import BPETokenizer
+from tinystack.tokenizer import BPETokenizer, load_tokenizer
 
 TEXT = ["def generate(prompt, params):\n    return engine.run(prompt) + 'héllo ✓'\n"] * 20
 
@@ -47,8 +46,9 @@ def test_llm_batch_equals_each_prompt_alone_from_a_model_directory(model_dir):
 
 
 def test_generate_cli_streams_the_continuation(model_dir):
-    from tinystack.infer.commands import generate
     import typer
+
+    from tinystack.infer.commands import generate
 
     app = typer.Typer()
     app.command()(generate)

@@ -8,8 +8,9 @@ A request with n choices runs n engine sequences; its usage is their sum (tokens
 CPU and device seconds) and their envelope in time (first scheduled = earliest,
 last token = latest). Each sequence's stamps and cost are the engine's own record,
 `tinystack.infer.RequestMetrics` (the one record of them, not a copy of its fields).
-An aborted sequence (timeout, client gone, stop string cut by the server) still reports what it cost, a little after the abort: the request's
-log line and metrics wait for it (`when_settled`), so what was paid is never lost.
+An aborted sequence (timeout, client gone, stop string cut by the server) still reports
+what it cost, a little after the abort: the request's log line and metrics wait for it
+(`when_settled`), so what was paid is never lost.
 """
 from __future__ import annotations
 
