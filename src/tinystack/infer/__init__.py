@@ -1,19 +1,21 @@
 """Inference: model directories in, generated text out, many requests at once.
 
     LLM(model_dir) / AsyncEngine.from_dir(model_dir)          llm.py, async_engine.py
-      load: model.io (ours, HF GPT-2, HF Llama family) + tokenizer.json (tokenizer.py),
+      load: model.io (ours, HF GPT-2, HF Llama family) + tokenizer.json (tinystack.tokenizer.load_tokenizer),
             optional INT8 weights (quant.py); backend "numpy" drives nn.gpt (numpy_backend.py)
       LLMEngine (llm_engine.py): the memory budget (memory.py) sizes the KV storage; weights and
         KV storage go into 2 MiB pages, the output head column-major (weight_arena.py)
-        add_request -> Sequence (sequence.py) -> scheduler queue
+        add_request -> encode_prompt (the prompt rules) -> Sequence (sequence.py) -> scheduler queue
         step: Scheduler (scheduler.py: continuous batching, chunked prefill, preemption)
               or DynamicBatcher (batcher.py)      picks [(seq, n tokens)] within the budgets
               BlockManager (block_manager.py)      blocks, refcounts, prefix cache, LRU eviction
               ModelRunner (model_runner.py)        ragged batch -> model over BatchView (paged_cache.py)
               sample_batch (sampler.py)            per-request penalties / greedy / top-k / top-p / min-p, seeds
-              -> TokenDelta / RequestOutput (outputs.py)
-    Engine (engine.py): the single-request blocking contract the server uses today, with the
-    contiguous per-call KVCache (kv_cache.py).
+              -> TokenDelta / RequestOutput (outputs.py; RequestMetrics: the request's timing points)
+
+This engine is the one inference path: `tinystack generate`, the server (AsyncEngine; unbatched
+is max_num_seqs=1), evaluation (LLM.generate, one batch) and `tinystack bench kv` (bench.py: the
+contiguous cache vs a no-cache Recompute wrapper, both on the engine) all run it.
 """
 from tinystack.lazy import lazy_exports
 
