@@ -78,3 +78,16 @@ def test_int8_weights_are_a_quarter_and_close(model_dir):
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     out = LLM(model_dir, quantize="int8", memory_limit=2**30, max_num_seqs=2).generate(["def "], greedy)[0]
     assert len(out.token_ids) == 8
+
+
+def test_generate_cli_refuses_a_prompt_over_the_context_in_one_line(model_dir):
+    import typer
+
+    from tinystack.infer.commands import generate
+
+    app = typer.Typer()
+    app.command()(generate)
+    res = CliRunner().invoke(app, ["--model", str(model_dir), "--prompt", "def generate(prompt) " * 40],
+                             env={"COLUMNS": "300"})  # the message on one line of the error box
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "the model's context is 64 tokens" in res.output
