@@ -124,7 +124,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str = ""  # id in /v1/models and responses; "" = the model directory's name
-    batching: str = "continuous"  # "continuous" | "dynamic" | "none" (AsyncEngine) | "threads" (batch-1 Engine)
+    batching: str = "continuous"  # "continuous" | "dynamic" | "none" (one sequence at a time: max_num_seqs=1)
     max_num_seqs: int = 8  # sequences the engine generates at once
     max_queued_requests: int = 32  # sequences waiting beyond that; more -> 429 at once
     timeout_s: float = 10.0  # per request (queue + generation); a request may ask for less

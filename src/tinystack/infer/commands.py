@@ -21,7 +21,7 @@ def generate(model: Annotated[Path, typer.Option(help="Model directory.")],
              kv_cache: Annotated[str, typer.Option(help="paged | contiguous")] = "paged",
              quantize: Annotated[Optional[str], typer.Option(help="int8: weight-only INT8 linear layers")] = None) -> None:
     """Generate a continuation, streaming it to the terminal."""
-    from tinystack.infer import LLMEngine, SamplingParams, load_for_inference
+    from tinystack.infer import AdmissionError, LLMEngine, PromptError, SamplingParams, load_for_inference
 
     m, tok = load_for_inference(model, backend, device, dtype, quantize)
     engine = LLMEngine(m, tok, kv_cache=kv_cache, max_num_seqs=1, stream_text=True)  # budget -> stderr
@@ -29,7 +29,10 @@ def generate(model: Annotated[Path, typer.Option(help="Model directory.")],
                             seed=seed, stop=tuple(stop or ()), repetition_penalty=repetition_penalty,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             ignore_eos=ignore_eos)
-    engine.add_request("cli", prompt, params)
+    try:
+        engine.add_request("cli", prompt, params)  # the engine's prompt rules: empty -> EOS, context check
+    except (PromptError, AdmissionError) as e:
+        raise typer.BadParameter(str(e), param_hint="--prompt") from None
     sys.stdout.write(prompt)
     sys.stdout.flush()
     out = None
@@ -47,11 +50,14 @@ def generate(model: Annotated[Path, typer.Option(help="Model directory.")],
 def bench(model: Annotated[Path, typer.Option(help="Model directory.")],
           prompt_tokens: int = 64, new_tokens: int = 64, device: str = "cpu",
           out: Annotated[Optional[Path], typer.Option(help="Write the figures as JSON here.")] = None) -> None:
-    """Decode speed with the KV cache vs recomputing the whole sequence every token."""
+    """Greedy decode on the engine with its KV cache (contiguous) vs recomputing the whole sequence every token."""
     from tinystack.atomic import write_json
     from tinystack.infer.bench import kv_cache_speedup
 
-    result = kv_cache_speedup(model, prompt_tokens=prompt_tokens, new_tokens=new_tokens, device=device)
+    try:
+        result = kv_cache_speedup(model, prompt_tokens=prompt_tokens, new_tokens=new_tokens, device=device)
+    except (ValueError, FileNotFoundError) as e:  # too long for the context, not a model directory
+        raise typer.BadParameter(str(e)) from None
     typer.echo(json.dumps(result, indent=2))
     if out:
         write_json(out, result)

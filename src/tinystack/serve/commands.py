@@ -21,7 +21,7 @@ def serve(model: Annotated[Path, Opt(help="Model directory.")], config: ConfigOp
           host: Annotated[Optional[str], Opt(help="serve.host")] = None,
           port: Annotated[Optional[int], Opt(help="serve.port")] = None,
           model_name: Annotated[Optional[str], Opt(help="serve.model_name: id in /v1/models")] = None,
-          batching: Annotated[Optional[str], Opt(help="serve.batching: continuous | dynamic | none | threads")] = None,
+          batching: Annotated[Optional[str], Opt(help="serve.batching: continuous | dynamic | none")] = None,
           max_num_seqs: Annotated[Optional[int], Opt(help="serve.max_num_seqs: sequences generated at once")] = None,
           max_queued_requests: Annotated[Optional[int], Opt(help="serve.max_queued_requests: waiting beyond max_num_seqs, then 429")] = None,
           timeout: Annotated[Optional[float], Opt(help="serve.timeout_s: per request")] = None,
@@ -103,7 +103,7 @@ def hash_key(key: Annotated[str, typer.Argument(help="An API key to allow.")]) -
 
 def bench_serve(url: Annotated[Optional[str], Opt(help="A running server's base URL.")] = None,
                 model: Annotated[Optional[Path], Opt(help="Or: serve this model directory here (127.0.0.1).")] = None,
-                batching: Annotated[str, Opt(help="With --model: continuous | dynamic | none | threads")] = "continuous",
+                batching: Annotated[str, Opt(help="With --model: continuous | dynamic | none")] = "continuous",
                 max_num_seqs: int = 64,
                 concurrency: Annotated[str, Opt(help="Comma-separated client counts.")] = "1,4,16,64",
                 requests: Annotated[int, Opt(help="Requests per level (0: 2 x concurrency, at least 8).")] = 0,
