@@ -55,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.model:
-        from tinystack.infer.tokenizer import load_tokenizer
+        from tinystack.tokenizer import load_tokenizer
         from tinystack.model import load_model
 
         fp, q, tok = load_model(args.model), load_model(args.model), load_tokenizer(args.model)

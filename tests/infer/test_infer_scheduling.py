@@ -7,7 +7,7 @@ import pytest
 import torch
 from infer_helpers import ToyTokenizer
 
-from tinystack.infer import AdmissionError, LLMEngine, PromptTooLongError, SamplingParams
+from tinystack.infer import AdmissionError, LLMEngine, PromptError, PromptTooLongError, SamplingParams
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.model import GPT, GPTConfig
 
@@ -96,6 +96,26 @@ def test_requests_that_can_never_fit_are_refused_with_numbers(model):
     engine.add_request("ok", [5] * 20, SamplingParams(max_tokens=12))  # 32 tokens: fits exactly
     with pytest.raises(AdmissionError, match="no room for a single KV block"):
         _engine(model, memory_limit=1000)
+
+
+def test_prompt_rules_live_in_the_engine(model):
+    """encode_prompt: text or ids -> what runs; empty starts from EOS; a full context or no EOS is refused."""
+    engine = _engine(model)
+    tok = ToyTokenizer()
+    assert engine.encode_prompt("abc") == tok.encode_ordinary("abc")
+    assert engine.encode_prompt("") == engine.encode_prompt([]) == [tok.eos_token_id]
+    assert engine.encode_prompt([7] * 127) == [7] * 127  # one position left for the new token
+    with pytest.raises(PromptTooLongError, match="prompt is 128 tokens; .* at most 127 tokens"):
+        engine.encode_prompt("x" * 128)
+    seq = engine.add_request("empty", "", SamplingParams(max_tokens=2))
+    assert seq.prompt_ids == [tok.eos_token_id] and seq.max_new_tokens == 2
+
+    class NoEos(ToyTokenizer):
+        eos_token_id = None
+        eos_token_ids = frozenset()
+
+    with pytest.raises(PromptError, match="empty and the tokenizer has no EOS"):
+        LLMEngine(model, NoEos(), memory_limit=2**30, verbose=False).add_request(None, "", SamplingParams())
 
 
 def test_infer_config_section_builds_the_engine(model):

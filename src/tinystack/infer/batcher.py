@@ -24,7 +24,7 @@ class DynamicBatcher(Scheduler):
     def schedule(self, flush: bool = False) -> list[tuple[Sequence, int]]:
         if not self.running:
             ready = self.waiting and (len(self.waiting) >= self.max_num_seqs or flush
-                                      or time.perf_counter() - self.waiting[0].arrival >= self.max_wait)
+                                      or time.perf_counter() - self.waiting[0].metrics.arrival >= self.max_wait)
             if not ready:
                 return []
             reserved = 0

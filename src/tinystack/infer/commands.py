@@ -26,7 +26,7 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
              repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              ignore_eos: bool = False) -> None:
     """Generate a continuation, streaming it to the terminal."""
-    from tinystack.infer import LLMEngine, SamplingParams, load_for_inference
+    from tinystack.infer import AdmissionError, LLMEngine, PromptError, SamplingParams, load_for_inference
 
     m, tok = load_for_inference(model, device=cfg.run.device, **cfg.infer.load_kwargs())
     kwargs = {**cfg.infer.engine_kwargs(), "max_num_seqs": 1}  # one prompt: the budget plans for one sequence
@@ -35,7 +35,10 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
                             seed=seed, stop=tuple(stop or ()), repetition_penalty=repetition_penalty,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             ignore_eos=ignore_eos)
-    engine.add_request("cli", prompt, params)
+    try:
+        engine.add_request("cli", prompt, params)  # the engine's prompt rules: empty -> EOS, context check
+    except (PromptError, AdmissionError) as e:
+        raise typer.BadParameter(str(e), param_hint="--prompt") from None
     sys.stdout.write(prompt)
     sys.stdout.flush()
     out = None
@@ -54,11 +57,14 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
 def bench(cfg: Config, model: Annotated[Path, typer.Option(help="Model directory.")],
           prompt_tokens: int = 64, new_tokens: int = 64,
           out: Annotated[Path | None, typer.Option(help="Write the figures as JSON here.")] = None) -> None:
-    """Decode speed with the KV cache vs recomputing the whole sequence every token."""
+    """Greedy decode on the engine with its KV cache (contiguous) vs recomputing the whole sequence every token."""
     from tinystack.atomic import write_json
     from tinystack.infer.bench import kv_cache_speedup
 
-    result = kv_cache_speedup(model, prompt_tokens=prompt_tokens, new_tokens=new_tokens, device=cfg.run.device)
+    try:
+        result = kv_cache_speedup(model, prompt_tokens=prompt_tokens, new_tokens=new_tokens, device=cfg.run.device)
+    except (ValueError, FileNotFoundError) as e:  # too long for the context, not a model directory
+        raise typer.BadParameter(str(e)) from None
     typer.echo(json.dumps(result, indent=2))
     if out:
         write_json(out, result)

@@ -5,7 +5,7 @@
     outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].logprobs, outs[0].metrics
 
 It loads the model directory (model.io: ours, HF GPT-2, HF Llama family) and its
-tokenizer (infer.tokenizer), optionally quantises the linear layers to INT8
+tokenizer (tinystack.tokenizer.load_tokenizer, the package's one loader), optionally quantises the linear layers to INT8
 (infer.quant), builds an LLMEngine and drives it until every prompt is done. `params`
 may be one SamplingParams for all prompts or a list, one per prompt.
 """
@@ -26,8 +26,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def load_for_inference(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
                        quantize: str | None = None, tokenizer: bool = True) -> tuple[torch.nn.Module, object]:
     """(model, tokenizer or None) for a model directory, ready for the engine."""
-    from tinystack.infer.tokenizer import load_tokenizer
     from tinystack.model.io import load_model
+    from tinystack.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model_dir) if tokenizer else None
     if dtype not in _DTYPES:

@@ -1,4 +1,4 @@
-"""`create_app`: an Engine and a ServeConfig in, the FastAPI app out.
+"""`create_app`: an AsyncEngine and a ServeConfig in, the FastAPI app out.
 
     RequestContextMiddleware   request id, timing, timing headers; hands each finished request to
                                the app's Observer: metrics, log line, spans, cost (middleware.py)
@@ -70,7 +70,7 @@ def _engine_reading(app: FastAPI) -> EngineReading | None:
 
 def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None, *,
                model_dir: str | Path | None = None, span_exporter: Any = None) -> FastAPI:
-    """The serving app for `engine` (a `tinystack.infer.Engine`).
+    """The serving app for `engine` (a `tinystack.infer.AsyncEngine`).
 
     `request_log` receives one "request" line per HTTP request; the caller owns it
     (creates and closes it). `model_dir` is where the chat template

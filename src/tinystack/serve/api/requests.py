@@ -5,6 +5,9 @@ Checks, in order (each an ApiError with the numbers in the message):
     prompt longer than max_prompt_chars characters           -> 413 (before tokenizing)
     n > max_n                                                -> 400
     max_tokens > max_tokens_limit                            -> 400
+    the engine's prompt rules (infer.LLMEngine.encode_prompt) -> 400 with its message; a prompt
+                                                                that fills the context is
+                                                                "context_length_exceeded"
     prompt tokens + max_tokens > max_seq_len                 -> 400 "prompt is P tokens and max_tokens
                                                                 is M: P + M exceeds the context of C
                                                                 tokens (at most C - M prompt tokens)"
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinystack.infer.chat import ChatTemplateError, message_text
+from tinystack.infer.llm_engine import PromptError, PromptTooLongError
 from tinystack.infer.sampler import SamplingParams
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -58,12 +62,13 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())  # up to 4 non-empty: the schema's rule
     if max_tokens is not None and max_tokens > cfg.max_tokens_limit:
         raise _param("max_tokens", f"max_tokens must be at most {cfg.max_tokens_limit}, got {max_tokens}")
-    ids = adapter.encode(prompt)
+    try:
+        ids = adapter.encode(prompt)
+    except PromptError as e:
+        raise _param("prompt", str(e), code="context_length_exceeded" if isinstance(e, PromptTooLongError)
+                     else "invalid_value") from None
     ctx = adapter.max_seq_len
     if max_tokens is None:
-        if len(ids) >= ctx:
-            raise _param("prompt", f"prompt is {len(ids)} tokens; the model's context is {ctx} tokens, so a prompt "
-                                   f"may be at most {ctx - 1} tokens", code="context_length_exceeded")
         max_tokens = min(cfg.default_max_tokens, cfg.max_tokens_limit, ctx - len(ids))
     elif len(ids) + max_tokens > ctx:
         raise _param("max_tokens", f"prompt is {len(ids)} tokens and max_tokens is {max_tokens}: "

@@ -10,14 +10,14 @@
     adapter.stats()                           -> running / waiting / KV in use, and how many
                                                  sequences the engine ended, by its finish reason
     adapter.is_alive(), restart(), last_step_age_s()   -> /health and the watchdog
-    adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer
+    adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer; encode applies
+                                                 the engine's prompt rules (PromptError)
 
-Two implementations, chosen by `make_adapter` from the engine's type:
+The implementation, built by `make_adapter`:
 
     tinystack.infer.AsyncEngine  -> AsyncEngineAdapter (async_adapter.py): continuous batching
-                                    (or the dynamic batcher) over a paged KV cache, one engine thread
-    tinystack.infer.Engine       -> ThreadedEngineAdapter (threaded_adapter.py): the batch-1 engine,
-                                    one worker thread per running sequence
+                                    (or the dynamic batcher; max_num_seqs=1 is unbatched) over the
+                                    engine's KV cache, one engine thread
 """
 from __future__ import annotations
 
@@ -99,12 +99,10 @@ def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") ->
 
 
 def make_adapter(engine: Any) -> EngineAdapter:
-    """The adapter for `engine`: an AsyncEngine runs its own max_num_seqs; the batch-1 Engine (being removed) runs
-    `engine.max_num_seqs` worker threads (8 unless set)."""
+    """The adapter for `engine`, a tinystack.infer.AsyncEngine (it keeps its own max_num_seqs)."""
     from tinystack.infer import AsyncEngine
+    from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
 
-    if isinstance(engine, AsyncEngine):
-        from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
-        return AsyncEngineAdapter(engine)
-    from tinystack.serve.threaded_adapter import ThreadedEngineAdapter
-    return ThreadedEngineAdapter(engine, getattr(engine, "max_num_seqs", 8))
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError(f"serve needs a tinystack.infer.AsyncEngine, got {type(engine).__name__}")
+    return AsyncEngineAdapter(engine)

@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any, AsyncIterator, Callable
 
 from tinystack.infer import AsyncEngine
-from tinystack.infer.llm_engine import PromptTooLongError
+from tinystack.infer.llm_engine import PromptError
 from tinystack.infer.memory import AdmissionError
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
@@ -35,9 +35,7 @@ def _usage(request_id: str, prompt_len: int, output: Any) -> SequenceUsage:
     """A sequence's usage from the engine's RequestOutput (None: it never reached the engine, or failed)."""
     if output is None:
         return SequenceUsage(request_id, prompt_len, 0, None)
-    m = output.metrics
-    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, m.first_scheduled,
-                         m.first_token, m.last_token, m.cpu_s, m.device_s)
+    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, output.metrics)
 
 
 class AsyncEngineAdapter:
@@ -56,8 +54,8 @@ class AsyncEngineAdapter:
 
     # ---------------------------------------------------------------- text
     def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode_ordinary(text)
-        return ids or ([self.eos_token_id] if self.eos_token_id is not None else [0])
+        """The ids the engine will run (its prompt rules: empty -> EOS; PromptError when it can never run)."""
+        return self.llm.encode_prompt(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
@@ -126,7 +124,7 @@ class AsyncEngineAdapter:
             raise EngineDead("engine loop is not running")
         try:
             stream = self.engine.add_request(request_id, list(prompt_ids), params)
-        except (PromptTooLongError, AdmissionError) as e:
+        except (PromptError, AdmissionError) as e:
             report(_usage(request_id, n, None))
             raise RequestRejected(str(e)) from None
         self._live[request_id] = stream
