@@ -181,7 +181,7 @@ def import_model(source: str | Path, out: str | Path) -> dict[str, Any]:
     with atomic_dir(out) as tmp:
         if path.is_dir():
             src = _hf_dir(path, tmp)
-        elif _is_gguf(path):
+        elif path.suffix.lower() == ".gguf" or _is_gguf(path):  # a bad .gguf gets the reader's error
             src = _gguf(path, tmp)
         else:
             raise ModelFormatError(f"{path}: not a .gguf file or a model directory")
