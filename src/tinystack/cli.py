@@ -1,4 +1,5 @@
-"""The one command line: `tinystack run | data | tokenizer | model | train | eval | generate | serve | bench | cost | hash-key`.
+"""The one command line: `tinystack run | data | tokenizer | model | train | eval | generate | serve | bench | cost
+| hash-key`.
 
 Each layer keeps its own subcommands in `<layer>/commands.py`; this file only
 assembles them. Every subcommand takes `--config FILE.toml` and repeatable

@@ -46,9 +46,10 @@ def hf_model(kind: str, vocab_size: int, tie: bool = True, seed: int = 0):
     import transformers
 
     torch.manual_seed(seed)
-    kw = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=5000.0,
-              tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+    kw = {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+          "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
+              "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2}
     if kind == "qwen2":
         m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
     else:

@@ -10,7 +10,8 @@ gguf_dequant.py). `gguf.GGUFReader` parses the container (plumbing); the mapping
     {arch}.context_length                                         max_position_embeddings
     no `output.weight` tensor                                     tie_word_embeddings
     token_embd / output_norm / output                             model.embed_tokens / model.norm / lm_head
-    blk.N.attn_{norm,q,k,v,output}                                model.layers.N.input_layernorm, self_attn.{q,k,v,o}_proj
+    blk.N.attn_{norm,q,k,v,output}                                model.layers.N.input_layernorm,
+                                                                  model.layers.N.self_attn.{q,k,v,o}_proj
     blk.N.ffn_{norm,gate,up,down}                                 model.layers.N.post_attention_layernorm, mlp.*_proj
 
 GGUF stores dims fastest-first (`[in, out]` for a weight); NumPy's shape is that reversed.
@@ -119,8 +120,8 @@ class GGUFModel:
         self.tied = "output.weight" not in names
 
     def _config(self) -> LlamaConfig:
-        if self._arch("expert_count", 0):
-            raise ModelFormatError(f"{self.path}: unsupported: mixture of experts ({self._arch('expert_count')} experts)")
+        if experts := self._arch("expert_count", 0):
+            raise ModelFormatError(f"{self.path}: unsupported: mixture of experts ({experts} experts)")
         scaling = self._arch("rope.scaling.type", "none")
         if scaling != "none" and float(self._arch("rope.scaling.factor", 1.0)) != 1.0:
             raise ModelFormatError(f"{self.path}: unsupported rope scaling {scaling!r} (only plain RoPE)")

@@ -90,7 +90,8 @@ def build_tokenizer(meta: Callable[[str, Any], Any]) -> tuple[Any, dict[str, Any
         return spelled[i] if i is not None and 0 <= i < len(spelled) else None
 
     bos, eos = special("bos"), special("eos")
-    add_bos, add_eos = bool(meta("tokenizer.ggml.add_bos_token", False)), bool(meta("tokenizer.ggml.add_eos_token", False))
+    add_bos = bool(meta("tokenizer.ggml.add_bos_token", False))
+    add_eos = bool(meta("tokenizer.ggml.add_eos_token", False))
     if (add_bos and bos is None) or (add_eos and eos is None):
         raise ModelFormatError("GGUF tokenizer asks to add BOS/EOS but names no such token")
     if add_bos or add_eos:

@@ -138,6 +138,8 @@ def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
 def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
 
+    from tinystack.infer.chat import load_chat_template
+
     if not (src / CONFIG_FILE).is_file():
         raise ModelFormatError(f"{src}: missing {CONFIG_FILE} (not a Hugging Face model directory)")
     if not (src / TOKENIZER_FILE).is_file():
@@ -156,8 +158,9 @@ def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
     del model
     shutil.copyfile(src / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
     tok_config = read_json(src / TOKENIZER_CONFIG) if (src / TOKENIZER_CONFIG).is_file() else {}
-    if (src / CHAT_TEMPLATE_FILE).is_file():  # transformers >= 4.43 keeps the template beside, not inside
-        tok_config["chat_template"] = (src / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    template = load_chat_template(src)  # chat_template.jinja (transformers >= 4.43) or tokenizer_config.json's
+    if template:
+        tok_config["chat_template"] = template
     write_json(tmp / TOKENIZER_CONFIG, tok_config)
     gen = read_json(src / GENERATION_CONFIG) if (src / GENERATION_CONFIG).is_file() else {}
     gen = gen or {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None}
@@ -166,8 +169,8 @@ def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
         [src / INDEX_FILE] + [src / s for s in sorted(set(read_json(src / INDEX_FILE)["weight_map"].values()))]
     read = [src / n for n in (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG, CHAT_TEMPLATE_FILE, GENERATION_CONFIG)
             if (src / n).is_file()]
-    return {"format": "huggingface", "sha256": files_sha256(read + weights), "files": sorted(p.name for p in read + weights),
-            "model_type": hf.get("model_type")}
+    return {"format": "huggingface", "sha256": files_sha256(read + weights),
+            "files": sorted(p.name for p in read + weights), "model_type": hf.get("model_type")}
 
 
 def import_model(source: str | Path, out: str | Path) -> dict[str, Any]:

@@ -187,8 +187,8 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     hf = read_json(model_dir / CONFIG_FILE)
     if hf.get("quantization_config"):  # GPTQ / AWQ / bitsandbytes / fp8 tensors are not plain float weights
         method = hf["quantization_config"].get("quant_method", "unknown")
-        raise ModelFormatError(f"{model_dir}: unsupported quantization {method!r} (only unquantised float weights load; "
-                               "GGUF files import with `tinystack model import`)")
+        raise ModelFormatError(f"{model_dir}: unsupported quantization {method!r} (only unquantised float weights "
+                               "load; GGUF files import with `tinystack model import`)")
     if hf.get("model_type") in LLAMA_TYPES:
         model: GPT | Llama = Llama(llama_config_from_hf(hf))
         raw = _read_weights(model_dir)
