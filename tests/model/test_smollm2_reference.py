@@ -64,7 +64,8 @@ def _chat_ids(model_dir, messages, ref_tok) -> list[int]:
     prompt = ChatFormatter(load_chat_template(model_dir)).render(messages)
     assert prompt == ref_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(prompt).ids
-    assert ids[0] == 1 and ids.count(2) == len(messages) + (messages[0]["role"] != "system")  # <|im_start|> .. <|im_end|>
+    turns = len(messages) + (messages[0]["role"] != "system")  # the template adds a default system turn
+    assert ids[0] == 1 and ids.count(2) == turns  # <|im_start|> ... one <|im_end|> per turn, parsed as tokens
     return ids
 
 
