@@ -157,7 +157,9 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: Sequence[int]) -> np.ndar
     name, block, nbytes, fn = _TYPES[int(ggml_type)]
     data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
     n = int(np.prod(shape, dtype=np.int64))
-    if n % block or data.size != n // block * nbytes:
+    if shape and shape[-1] % block:  # blocks never straddle rows
+        raise UnsupportedQuantError(f"{name} tensor of shape {tuple(shape)}: rows are not whole blocks of {block}")
+    if data.size != n // block * nbytes:
         raise UnsupportedQuantError(f"{name} tensor of shape {tuple(shape)} needs {n // block * nbytes} bytes, "
                                     f"has {data.size}")
     if fn is None:
