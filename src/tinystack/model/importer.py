@@ -127,9 +127,8 @@ def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
 
     g = GGUFModel(path)
     tok, tok_config = build_tokenizer(g.metadata)  # before the weights: a bad tokenizer fails fast
-    if tok.get_vocab_size(with_added_tokens=True) > g.config.vocab_size:
-        raise ModelFormatError(f"{path}: tokenizer has {tok.get_vocab_size()} tokens, the embedding "
-                               f"{g.config.vocab_size} rows")
+    if (n_tok := tok.get_vocab_size(with_added_tokens=True)) > g.config.vocab_size:
+        raise ModelFormatError(f"{path}: tokenizer has {n_tok} tokens, the embedding {g.config.vocab_size} rows")
     shapes = g.shapes()
     needed = check_tensor_shapes(_skeleton(g.config), dict(shapes), path)
     extra = sorted(set(dict(shapes)) - set(needed))

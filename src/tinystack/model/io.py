@@ -141,6 +141,7 @@ def llama_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None,
         "rope_theta": cfg.rope_theta, "hidden_act": "silu", "attention_bias": cfg.attention_bias,
         "mlp_bias": cfg.mlp_bias, "tie_word_embeddings": cfg.tie_word_embeddings,
         "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "torch_dtype": "float32",
+        **({"sliding_window": None} if cfg.model_type == "mistral" else {}),  # transformers' default is 4096
     }
 
 
