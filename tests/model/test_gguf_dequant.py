@@ -68,5 +68,5 @@ def test_unsupported_type_and_wrong_size_are_named():
         dequantize(np.zeros(66, np.uint8), T.IQ2_XXS, (256,))
     with pytest.raises(UnsupportedQuantError, match=r"Q4_1 tensor of shape \(2, 32\) needs 40 bytes, has 20"):
         dequantize(np.zeros(20, np.uint8), T.Q4_1, (2, 32))
-    with pytest.raises(UnsupportedQuantError, match=r"Q4_K tensor of shape \(2, 128\): rows are not whole"):  # rows of half a block
+    with pytest.raises(UnsupportedQuantError, match=r"Q4_K tensor of shape \(2, 128\): rows are not whole"):
         dequantize(np.zeros(144, np.uint8), T.Q4_K, (2, 128))

@@ -128,7 +128,7 @@ def test_smollm_splits_every_digit_and_keeps_added_tokens_whole(tmp_path, bpe):
 
 
 def _bad(tmp_path, bpe, **kw):
-    return write_gguf(tmp_path / "bad.gguf", hf_model("llama", len(bpe[0])), tokenizer=bpe, **kw)
+    return write_gguf(tmp_path / "bad.gguf", hf_model("llama", len(bpe[0])), **{"tokenizer": bpe, **kw})
 
 
 Q2K = gguf.GGMLQuantizationType.Q2_K
@@ -136,6 +136,7 @@ CASES = {
     "architecture": ({"meta": {"general.architecture": "gemma2"}}, "unsupported GGUF architecture 'gemma2'"),
     "sentencepiece": ({"meta": {"tokenizer.ggml.model": "llama"}}, "unsupported GGUF tokenizer model 'llama'"),
     "pre-tokenizer": ({"meta": {"tokenizer.ggml.pre": "mystery"}}, "unsupported GGUF pre-tokenizer 'mystery'"),
+    "merges": ({"tokenizer": (["a", "b"], ["a c"], [1, 1])}, "the vocabulary and merges do not form a BPE model"),
     "rope scaling": ({"meta": {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}},
                      "unsupported rope scaling 'yarn'"),
     "moe": ({"meta": {"llama.expert_count": 8}}, "unsupported: mixture of experts"),

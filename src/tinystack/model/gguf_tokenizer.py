@@ -74,7 +74,10 @@ def build_tokenizer(meta: Callable[[str, Any], Any]) -> tuple[Any, dict[str, Any
     spelled = [t if set(t) <= chars else "".join(alphabet[b] for b in t.encode("utf-8")) for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception (e.g. a merge of unknown tokens)
+        raise ModelFormatError(f"GGUF tokenizer: the vocabulary and merges do not form a BPE model ({e})") from None
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
