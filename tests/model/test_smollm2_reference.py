@@ -7,7 +7,7 @@ import torch
 
 from tinystack.infer import LLM, SamplingParams
 from tinystack.infer.chat import ChatFormatter, load_chat_template
-from tinystack.infer.tokenizer import load_tokenizer
+from tinystack.tokenizer import load_tokenizer
 from tinystack.model import load_model
 
 pytestmark = pytest.mark.slow  # two 135M-parameter loads (~40 s together on 2 shared CPU cores)

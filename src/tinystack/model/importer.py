@@ -188,7 +188,7 @@ def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
 
 def import_model(source: str | Path, out: str | Path) -> dict[str, Any]:
     """Import SOURCE (see the module docstring) into the model directory `out`; returns its lineage."""
-    from tinystack.infer.tokenizer import load_tokenizer
+    from tinystack.tokenizer import load_tokenizer
 
     out = Path(out)
     path, name = resolve_source(source)
