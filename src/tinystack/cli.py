@@ -1,5 +1,5 @@
-"""The one command line: `tinystack run | data | tokenizer | train | eval | models | generate | serve | bench | cost |
-hash-key`.
+"""The one command line: `tinystack run | data | tokenizer | model | train | eval | models | generate | serve |
+bench | cost | hash-key`.
 
 Each layer keeps its own subcommands in `<layer>/commands.py`; this file only
 assembles them. Every subcommand takes `--config FILE.toml`, repeatable
@@ -25,6 +25,7 @@ from tinystack.errors import UserError
 from tinystack.eval.commands import app as eval_app
 from tinystack.eval.commands import models_app
 from tinystack.infer.commands import bench, generate
+from tinystack.model.commands import app as model_app
 from tinystack.observe.commands import cost
 from tinystack.serve.commands import bench_serve, hash_key, serve
 from tinystack.tokenizer.commands import app as tokenizer_app
@@ -54,6 +55,7 @@ def run(cfg: Config,
 
 app.add_typer(data_app, name="data")
 app.add_typer(tokenizer_app, name="tokenizer")
+app.add_typer(model_app, name="model")
 app.command("train")(train)
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
