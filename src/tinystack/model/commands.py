@@ -14,7 +14,8 @@ app = typer.Typer(no_args_is_help=True, help="Model directories: import pretrain
 
 @app.command("import")
 @config_command()  # nothing in the config steers an import yet; a bad file or --set still fails
-def import_(cfg: Config, source: Annotated[str, typer.Argument(help="A .gguf file, a Hugging Face model directory, or a known "
+def import_(cfg: Config,
+            source: Annotated[str, typer.Argument(help="A .gguf file, a Hugging Face model directory, or a known "
                                                        "name: smollm2-135m-instruct.")],
             out: Annotated[Path, typer.Option(help="Model directory to write (replaced if it is one).")]) -> None:
     """Import a pretrained model as a model directory every stage reads (float32 weights, tokenizer,
