@@ -23,17 +23,22 @@ from tinystack.errors import UserError
 Opt = typer.Option
 
 
-@config_command("serve", "infer", "run.device")
-def serve(cfg: Config, model: Annotated[Path, Opt(help="Model directory.")],
+@config_command("serve", "infer", "run.device", "run.registry")
+def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or registry:NAME[@VERSION] for a "
+                                                      "model promoted into the registry (run.registry).")],
           log: Annotated[Path | None, Opt(help="Request log (JSONL); default stderr.")] = None,
           log_level: Annotated[str, Opt(help="uvicorn log level")] = "info") -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), /generate,
     /health, /ready and Prometheus /metrics with uvicorn (gc.freeze() once the model is loaded)."""
+    from tinystack.eval.registry import PREFIX, resolve_model
     from tinystack.observe import setup_request_log
     from tinystack.serve import create_app, serve_forever
     from tinystack.serve.engine.adapter import load_engine
 
     scfg = cfg.serve
+    if model.startswith(PREFIX) and not scfg.model_name:  # served under its registry name, not "model"
+        scfg.model_name = model[len(PREFIX):].partition("@")[0]
+    model = resolve_model(model, cfg.run.registry)
     engine = load_engine(model, cfg.infer, cfg.run.device)
     request_log = setup_request_log(log, stream=None if log else sys.stderr, include_text=scfg.log_text)
     typer.echo(f"tinystack serve: {model} on http://{scfg.host}:{scfg.port} ({cfg.run.device})", err=True)

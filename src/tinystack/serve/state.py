@@ -41,6 +41,7 @@ class ServerState:
     keys: KeyChecker
     chat: ChatFormatter
     model_name: str
+    lineage: dict[str, Any] = field(default_factory=dict)  # the served model's tinystack.json (+ registry entry)
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
     refusing: bool = False
