@@ -6,7 +6,7 @@ runs on the engine): every new token runs the model over the whole sequence so f
 the last position through the output head, to be fair to it). Its 128 forwards are too slow to run
 in full at long prompts on this machine, so a few are timed (steps 0, 42, 85, 127 by
 default) and the rest integrated by the trapezoid rule (times: CPU seconds, one torch thread;
-see bench_infer_common.timed); at each timed step the recomputed
+see bench_common.timed); at each timed step the recomputed
 argmax must equal the token the cached decode produced. Writes
 benchmarks/results/kv_cache.json and kv_cache.png.
 
@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt, timed  # noqa: E402
+from bench_common import RESULTS, finish, machine, timed  # noqa: E402
+from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
 from tinystack.infer.bench import Recompute  # noqa: E402
@@ -31,7 +32,7 @@ NEW = 128
 
 @torch.inference_mode()
 def recompute_step(model: Recompute, seq: list[int]) -> tuple[float, int]:
-    dt, logits = timed(lambda: model.last_logits(seq))
+    _, dt, logits = timed(lambda: model.last_logits(seq))
     return dt, int(logits.argmax())
 
 
@@ -51,7 +52,7 @@ def main() -> None:
     rows = []
     for L in lengths:
         prompt = random_prompt(L, seed=L)
-        t_cache, out = timed(lambda: llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW,
+        _, t_cache, out = timed(lambda: llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW,
                                                                           ignore_eos=True))[0].token_ids)
         steps = sorted({round(i * (NEW - 1) / (args.samples - 1)) for i in range(args.samples)})
         times = []

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt, timed  # noqa: E402
+from bench_common import RESULTS, finish, machine, timed  # noqa: E402
+from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import write_json  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
 from tinystack.infer.quant import quantize_int8  # noqa: E402
@@ -78,7 +79,7 @@ def main() -> None:
         llms[name].generate([prompt[:8]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     for _ in range(args.trials):
         for name, llm in llms.items():
-            times[name].append(timed(lambda: llm.generate([prompt], greedy))[0])
+            times[name].append(timed(lambda: llm.generate([prompt], greedy)).cpu_s)
     res["decode_tokens_per_s"] = {k: 64 / statistics.median(v) for k, v in times.items()}
     res["speedup"] = res["decode_tokens_per_s"]["int8"] / res["decode_tokens_per_s"]["fp32"]
     print(f"batch-1 decode: fp32 {res['decode_tokens_per_s']['fp32']:.2f} tok/s, int8 "
