@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -35,25 +35,47 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 # characters of everyday CJK text; mapping them first usually makes the full NFKC
 # call unnecessary (`is_normalized` is ~100x cheaper than `normalize`). The result is
 # identical to plain NFKC: these are exactly NFKC's mappings for them.
-def _map_fullwidth(text: str) -> str:
-    """U+FF01..FF5E -> U+0021..007E and U+3000 -> space, as array arithmetic
-    (`str.translate` with a dict costs ~0.1 us per character)."""
-    c = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).copy()
+def _map_fullwidth(texts: list[str]) -> list[str]:
+    """U+FF01..FF5E -> U+0021..007E and U+3000 -> space in every text, as array arithmetic
+    over their concatenation (`str.translate` with a dict costs ~0.1 us per character,
+    and one NumPy pass per short text ~20 us). The mapping keeps each code point one
+    code point, so the texts are cut back out of the result by their lengths."""
+    c = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).copy()
     wide = (c >= 0xFF01) & (c <= 0xFF5E)
     c[wide] -= 0xFEE0
     c[c == 0x3000] = 0x20
-    return c.tobytes().decode("utf-32-le")
+    joined = c.tobytes().decode("utf-32-le")
+    out, at = [], 0
+    for t in texts:
+        out.append(joined[at : at + len(t)])
+        at += len(t)
+    return out
+
+
+def canonical_batch(texts: Sequence[str], casefold: bool = True) -> list[str]:
+    """`canonical` of every text; the compatibility mapping runs once over all the texts
+    that need it, which is what makes many short CJK documents cheap."""
+    out = list(texts)
+    wide = [i for i, t in enumerate(out) if not t.isascii() and not unicodedata.is_normalized("NFKC", t)]
+    if wide:
+        for i, t in zip(wide, _map_fullwidth([out[i] for i in wide])):
+            out[i] = t if unicodedata.is_normalized("NFKC", t) else unicodedata.normalize("NFKC", t)
+    if casefold:
+        return [" ".join((t.lower() if t.isascii() else t.casefold()).split()) for t in out]
+    return [" ".join(t.split()) for t in out]  # str.split() splits on Unicode whitespace, in C
 
 
 def canonical(text: str, casefold: bool = True) -> str:
     """NFKC, optional case folding, whitespace runs -> one space, stripped."""
-    if not text.isascii() and not unicodedata.is_normalized("NFKC", text):
-        text = _map_fullwidth(text)
-        if not unicodedata.is_normalized("NFKC", text):
-            text = unicodedata.normalize("NFKC", text)
-    if casefold:
-        text = text.lower() if text.isascii() else text.casefold()
-    return " ".join(text.split())  # str.split() splits on Unicode whitespace, in C
+    return canonical_batch([text], casefold)[0]
+
+
+def fold_canonical(text: str) -> str:
+    """`canonical(t, True)` from `canonical(t, False)`, without a second NFKC pass: case
+    folding maps each character on its own and never creates, removes or changes
+    whitespace (checked over every code point by the tests), so folding commutes with
+    the whitespace collapse; ASCII text is lowered (the same, faster)."""
+    return text.lower() if text.isascii() else text.casefold()
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -133,9 +155,13 @@ def shingle_hashes_batch(texts: list[str], k: int = 3, unit: Unit = "char",
     operations, which is what makes short documents cheap (a NumPy call costs ~1 us,
     whatever its size).
     """
+    return canonical_shingle_hashes(canonical_batch(texts, casefold), k, unit)
+
+
+def canonical_shingle_hashes(canon: list[str], k: int = 3, unit: Unit = "char") -> tuple[np.ndarray, np.ndarray]:
+    """`shingle_hashes_batch` of texts that are already canonical (`canonical_batch`)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    canon = [canonical(t, casefold) for t in texts]
     if unit == "char":
         keys, counts = _char_keys_batch(canon, k)
     elif unit == "word":
@@ -162,6 +188,35 @@ def sorted_unique(x: np.ndarray) -> np.ndarray:
     if len(x) > 1:
         x = x[np.concatenate(([True], x[1:] != x[:-1]))]
     return x
+
+
+def segment_unique(x: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`sorted_unique` of each segment of x (segment i has counts[i] values) in one sort:
+    (values, new counts). Values below 2**32 are packed under their segment number into
+    one uint64, so a single sort orders every segment at once (one sort per short
+    document costs more in call overhead than in sorting)."""
+    n = len(counts)
+    if len(x) == 0:
+        return x.astype(np.uint32), np.zeros(n, dtype=np.int64)
+    code = np.repeat(np.arange(n, dtype=np.uint64) << np.uint64(32), counts)
+    code |= x  # uint32 (or < 2**32) values
+    code.sort()
+    keep = np.empty(len(code), dtype=bool)
+    keep[0] = True
+    np.not_equal(code[1:], code[:-1], out=keep[1:])
+    code = code[keep]
+    return code.astype(np.uint32), np.bincount((code >> np.uint64(32)).astype(np.intp), minlength=n)
+
+
+def shingle_sets_batch(texts: list[str], k: int = 3, unit: Unit = "char",
+                       casefold: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct shingles of several texts as dense ids: (ids, count per text). Text
+    i's set is its segment of `ids`, sorted; equal ids <=> equal 64-bit shingle hashes
+    (ids number the distinct hashes of these texts), so set sizes and intersections
+    are those of `shingle_set`."""
+    h, counts = shingle_hashes_batch(texts, k, unit, casefold)
+    _, ids = np.unique(h, return_inverse=True)
+    return segment_unique(ids.astype(np.uint64), counts)
 
 
 def shingle_set(text: str, k: int = 3, unit: Unit = "char", casefold: bool = True) -> np.ndarray:

@@ -63,7 +63,9 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
             except json.JSONDecodeError as e:
                 rejects.add(path, lineno, "invalid_json", line, str(e))
                 continue
-            if "\\ud" in line.lower():  # cheap pre-check; only then pay for the full test
+            # cheap pre-check (JSON escapes are "\\u" + 4 hex digits of either case); only
+            # then pay for the full test. line.lower() would copy the whole line.
+            if "\\ud" in line or "\\uD" in line:
                 try:
                     json.dumps(obj, ensure_ascii=False).encode("utf-8")
                 except UnicodeEncodeError as e:
