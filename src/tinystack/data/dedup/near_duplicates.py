@@ -33,7 +33,8 @@ from tinystack.data.dedup.unionfind import UnionFind
 EXACT_MARGIN = 4.0  # standard deviations below the threshold still sent to the exact check
 _EXACT_PAIRS = 512  # pairs in the first chunk of exact verification
 _EXACT_CHARS = 1 << 22  # characters of text whose shingle sets are held at once after it
-_VERIFY_VALUES = 1 << 21  # shingle ids gathered at once when intersecting pairs' sets
+_VERIFY_VALUES = 1 << 21  # shingle hashes gathered at once when intersecting pairs' sets
+_TAG_BITS = 12  # bits of a pair's number in `pair_jaccard`'s keys (groups of < 4,096 pairs)
 _VERIFY_CHUNK = 1 << 12  # candidate pairs compared per vectorised batch (~4 MiB of gathered rows)
 
 
@@ -125,45 +126,57 @@ def _exact_chunk(pairs: np.ndarray, est: np.ndarray, params: NearDupParams, text
     else:
         pos_b = {j: len(texts) + k for k, j in enumerate(tb)}
         texts += tb.values()
-    ids, counts = shingle_sets_batch(texts, p.k, p.unit, p.casefold)
+    values, sizes = shingle_sets_batch(texts, p.k, p.unit, p.casefold)
     a = np.array([pos_a.get(i, -1) for i in pairs[:, 0].tolist()], dtype=np.int64)
     b = np.array([pos_b.get(j, -1) for j in pairs[:, 1].tolist()], dtype=np.int64)
     have = (a >= 0) & (b >= 0)
     jac = est.astype(np.float64)
-    jac[have] = pair_jaccard(ids, counts, a[have], b[have])
+    jac[have] = pair_jaccard(values, sizes, a[have], b[have])
     return jac, sum(map(len, texts))
 
 
-def pair_jaccard(ids: np.ndarray, counts: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def pair_jaccard(values: np.ndarray, sizes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Exact Jaccard of sets a[m] and b[m] for every m, where set i is the i-th segment
-    (counts[i] values, sorted, distinct) of `ids` (as from `shingles.shingle_sets_batch`).
-    Vectorised: each pair's two segments are tagged with the pair's number in the top 32
-    bits, so all of b's tagged values form one sorted array and one `searchsorted` finds
-    every common value. Same value as `exact_jaccard` (an empty pair of sets is 1.0)."""
-    starts = np.cumsum(counts) - counts
+    (sizes[i] values, sorted, distinct) of `values` (as from `shingles.shingle_sets_batch`).
+    Same value as `exact_jaccard` (an empty pair of sets is 1.0).
+
+    Vectorised over pairs: each value is keyed by (pair number, value) packed in 64
+    bits, the pair number in the top `_TAG_BITS` and the value's top 64 - `_TAG_BITS`
+    bits below it, so all b-sides form one sorted array and one `searchsorted` finds
+    every common value; a hit counts only when the full values agree too. Two values
+    of one b-set that share their top bits (~1e-11 for a pair of short texts) would
+    hide each other: a group of pairs where that happens is counted pair by pair."""
+    starts = np.cumsum(sizes) - sizes
     out = np.empty(len(a), dtype=np.float64)
-    m, sizes = 0, counts[a] + counts[b]
-    ends = np.cumsum(sizes)
-    while m < len(a):  # sub-chunks of ~_VERIFY_VALUES gathered values
-        stop = max(m + 1, int(np.searchsorted(ends, ends[m] - sizes[m] + _VERIFY_VALUES, side="right")))
-        va, vb = _tagged(ids, starts, counts, a[m:stop]), _tagged(ids, starts, counts, b[m:stop])
-        at = np.minimum(np.searchsorted(vb, va), max(len(vb) - 1, 0))
-        hit = vb[at] == va if len(vb) else np.zeros(len(va), dtype=bool)
-        inter = np.bincount((va[hit] >> np.uint64(32)).astype(np.intp), minlength=stop - m)
-        union = counts[a[m:stop]] + counts[b[m:stop]] - inter
+    n_val = sizes[a] + sizes[b]
+    ends = np.cumsum(n_val)
+    m = 0
+    while m < len(a):  # groups of < 2**_TAG_BITS pairs and ~_VERIFY_VALUES values
+        stop = min(m + (1 << _TAG_BITS) - 1, len(a))
+        stop = max(m + 1, min(stop, int(np.searchsorted(ends, ends[m] - n_val[m] + _VERIFY_VALUES, side="right"))))
+        (va, ka), (vb, kb) = _keyed(values, starts, sizes, a[m:stop]), _keyed(values, starts, sizes, b[m:stop])
+        if len(kb) > 1 and (kb[1:] == kb[:-1]).any():
+            inter = np.array([len(np.intersect1d(values[starts[i] : starts[i] + sizes[i]],
+                                                 values[starts[j] : starts[j] + sizes[j]], assume_unique=True))
+                              for i, j in zip(a[m:stop].tolist(), b[m:stop].tolist())], dtype=np.int64)
+        else:
+            at = np.minimum(np.searchsorted(kb, ka), max(len(kb) - 1, 0))
+            hit = (kb[at] == ka) & (vb[at] == va) if len(kb) else np.zeros(len(ka), dtype=bool)
+            inter = np.bincount((ka[hit] >> np.uint64(64 - _TAG_BITS)).astype(np.intp), minlength=stop - m)
+        union = sizes[a[m:stop]] + sizes[b[m:stop]] - inter
         out[m:stop] = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
         m = stop
     return out
 
 
-def _tagged(ids: np.ndarray, starts: np.ndarray, counts: np.ndarray, seg: np.ndarray) -> np.ndarray:
-    """The values of segments `seg`, concatenated, each with its position in `seg` in the
-    top 32 bits (uint64; sorted, since the segments are)."""
-    lens = counts[seg]
+def _keyed(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values of segments `seg` concatenated, their keys: position in `seg` in the top
+    `_TAG_BITS` bits, the value's top bits below; sorted, since each segment is)."""
+    lens = sizes[seg]
     first = np.cumsum(lens) - lens
-    idx = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts[seg] - first, lens)
-    tag = np.repeat(np.arange(len(seg), dtype=np.uint64) << np.uint64(32), lens)
-    return tag | ids[idx]
+    v = values[np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts[seg] - first, lens)]
+    tag = np.repeat(np.arange(len(seg), dtype=np.uint64) << np.uint64(64 - _TAG_BITS), lens)
+    return v, tag | (v >> np.uint64(_TAG_BITS))
 
 
 def find_pairs(sigs: np.ndarray, params: NearDupParams, texts_of: TextsOf | None = None,

@@ -190,33 +190,15 @@ def sorted_unique(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def segment_unique(x: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`sorted_unique` of each segment of x (segment i has counts[i] values) in one sort:
-    (values, new counts). Values below 2**32 are packed under their segment number into
-    one uint64, so a single sort orders every segment at once (one sort per short
-    document costs more in call overhead than in sorting)."""
-    n = len(counts)
-    if len(x) == 0:
-        return x.astype(np.uint32), np.zeros(n, dtype=np.int64)
-    code = np.repeat(np.arange(n, dtype=np.uint64) << np.uint64(32), counts)
-    code |= x  # uint32 (or < 2**32) values
-    code.sort()
-    keep = np.empty(len(code), dtype=bool)
-    keep[0] = True
-    np.not_equal(code[1:], code[:-1], out=keep[1:])
-    code = code[keep]
-    return code.astype(np.uint32), np.bincount((code >> np.uint64(32)).astype(np.intp), minlength=n)
-
-
 def shingle_sets_batch(texts: list[str], k: int = 3, unit: Unit = "char",
                        casefold: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct shingles of several texts as dense ids: (ids, count per text). Text
-    i's set is its segment of `ids`, sorted; equal ids <=> equal 64-bit shingle hashes
-    (ids number the distinct hashes of these texts), so set sizes and intersections
-    are those of `shingle_set`."""
+    """`shingle_set` of several texts: (their sets concatenated, size of each). Shingling
+    is batched; each set is then sorted on its own: a few hundred values sort in cache,
+    ~10x faster a value than one sort of all of them (which also needs more bits)."""
     h, counts = shingle_hashes_batch(texts, k, unit, casefold)
-    _, ids = np.unique(h, return_inverse=True)
-    return segment_unique(ids.astype(np.uint64), counts)
+    sets = [sorted_unique(h[e - c : e]) for e, c in zip(np.cumsum(counts).tolist(), counts.tolist())]
+    sizes = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
+    return (np.concatenate(sets) if sets else np.zeros(0, np.uint64)), sizes
 
 
 def shingle_set(text: str, k: int = 3, unit: Unit = "char", casefold: bool = True) -> np.ndarray:
