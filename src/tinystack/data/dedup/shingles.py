@@ -8,6 +8,9 @@ Near dedup compares *sets of shingles*. Two kinds:
 
 The canonical text (`canonical`) is NFKC, optionally case-folded, with every run of
 whitespace collapsed to one space: formatting differences are not content differences.
+`canonical_batch` computes it for many texts at once (the per-call cost matters on
+short documents), and `fold_canonical` case-folds a case-kept canonical text, so a
+caller that needs both forms (the dedup step: exact key and shingles) normalises once.
 
 Vectorised, no Python loop per shingle: the text becomes an array of code points
 (UTF-32 view, one element per character), and a k-gram's key is the polynomial
