@@ -47,11 +47,11 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
     bad_source, bad_timestamp, bad_id). `fields` renames input keys first.
     """
     path = Path(path)
-    fallback = default_source or path.name
+    fallback, name = default_source or path.name, str(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             raw = raw.rstrip(b"\r\n")
-            if not raw.strip():
+            if not raw or raw.isspace():  # blank (no copy, unlike raw.strip())
                 continue
             try:
                 line = _decode(raw, lineno == 1)
@@ -74,7 +74,7 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
             if fields is not None:
                 obj = fields.apply(obj)
             try:
-                yield Record.from_dict(obj, default_source=fallback, origin=(str(path), lineno))
+                yield Record.from_dict(obj, default_source=fallback, origin=(name, lineno))
             except RecordError as e:
                 rejects.add(path, lineno, e.reason, line, str(e))
 
