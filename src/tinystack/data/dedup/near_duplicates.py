@@ -32,8 +32,8 @@ from tinystack.data.dedup.unionfind import UnionFind
 
 EXACT_MARGIN = 4.0  # standard deviations below the threshold still sent to the exact check
 _EXACT_PAIRS = 512  # pairs in the first chunk of exact verification
-_EXACT_CHARS = 1 << 22  # characters of text whose shingle sets are held at once after it
-_VERIFY_VALUES = 1 << 21  # shingle hashes gathered at once when intersecting pairs' sets
+_EXACT_CHARS = 1 << 21  # characters of text whose shingle sets are held at once after it (~16 MiB)
+_VERIFY_VALUES = 1 << 18  # shingle hashes gathered at once when intersecting pairs' sets (~12 MiB)
 _TAG_BITS = 12  # bits of a pair's number in `pair_jaccard`'s keys (groups of < 4,096 pairs)
 _VERIFY_CHUNK = 1 << 12  # candidate pairs compared per vectorised batch (~4 MiB of gathered rows)
 

@@ -32,6 +32,7 @@ import numpy as np
 Unit = Literal["char", "word"]
 _BASE = np.uint64(1 << 21)  # > max code point: exact packing for k <= 3
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_SET_GROUP_CHARS = 1 << 16  # characters shingled at once by `shingle_sets_batch`
 
 
 # Full-width ASCII forms (U+FF01..FF5E) and the ideographic space are the compatibility
@@ -196,10 +197,19 @@ def sorted_unique(x: np.ndarray) -> np.ndarray:
 def shingle_sets_batch(texts: list[str], k: int = 3, unit: Unit = "char",
                        casefold: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """`shingle_set` of several texts: (their sets concatenated, size of each). Shingling
-    is batched; each set is then sorted on its own: a few hundred values sort in cache,
-    ~10x faster a value than one sort of all of them (which also needs more bits)."""
-    h, counts = shingle_hashes_batch(texts, k, unit, casefold)
-    sets = [sorted_unique(h[e - c : e]) for e, c in zip(np.cumsum(counts).tolist(), counts.tolist())]
+    is batched over groups of ~`_SET_GROUP_CHARS` characters (bounding the temporaries);
+    each set is then sorted on its own: a few hundred values sort in cache, ~10x faster
+    a value than one sort of all of them."""
+    sets: list[np.ndarray] = []
+    start = 0
+    while start < len(texts):
+        stop, chars = start, 0
+        while stop < len(texts) and (stop == start or chars + len(texts[stop]) <= _SET_GROUP_CHARS):
+            chars += len(texts[stop])
+            stop += 1
+        h, counts = shingle_hashes_batch(texts[start:stop], k, unit, casefold)
+        sets += [sorted_unique(h[e - c : e]) for e, c in zip(np.cumsum(counts).tolist(), counts.tolist())]
+        start = stop
     sizes = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
     return (np.concatenate(sets) if sets else np.zeros(0, np.uint64)), sizes
 
