@@ -32,6 +32,7 @@ from tinystack.data.dedup.unionfind import UnionFind
 
 EXACT_MARGIN = 4.0  # standard deviations below the threshold still sent to the exact check
 _EXACT_PAIRS = 512  # pairs in the first chunk of exact verification
+_EXACT_MIN_PAIRS = 64  # fewest pairs in a later chunk (each chunk is one pass over the texts)
 _EXACT_CHARS = 1 << 21  # characters of text whose shingle sets are held at once after it (~16 MiB)
 _VERIFY_VALUES = 1 << 18  # shingle hashes gathered at once when intersecting pairs' sets (~12 MiB)
 _TAG_BITS = 12  # bits of a pair's number in `pair_jaccard`'s keys (groups of < 4,096 pairs)
@@ -105,7 +106,7 @@ def verify_pairs(pairs: np.ndarray, est: np.ndarray, params: NearDupParams,
         jac, chars = _exact_chunk(pairs[at : at + size], est[at : at + size], params, texts_a, texts_b)
         parts.append(jac)
         at += len(jac)
-        size = int(min(max(_EXACT_CHARS * len(jac) / max(chars, 1), 256), 1 << 16))
+        size = int(min(max(_EXACT_CHARS * len(jac) / max(chars, 1), _EXACT_MIN_PAIRS), 1 << 16))
     jac = np.concatenate(parts)
     ok = jac >= params.threshold
     return pairs[ok], jac[ok]
