@@ -25,7 +25,10 @@ Timed side by side, trials interleaved, medians reported (wall and process CPU t
 * ``datasketch_default_bands``: the same with datasketch's own banding for 0.85
   (b=8, r=16: fewer candidates, lower recall);
 * ``datasketch_script``: ``datasketch`` as a subprocess (start-up included), the
-  counterpart of ``tinystack_cli``.
+  counterpart of ``tinystack_cli``;
+* ``tinystack_before`` (with ``--baseline-src DIR``, a ``src`` tree of an earlier commit,
+  e.g. ``git archive d740b19 src | tar -x -C DIR``): that code's `dedup_files`, timed
+  inside its own process like ``tinystack``.
 
 Records the CPU model and load average: on a shared machine wall-clock ratios move
 with other jobs, CPU-time ratios much less. Writes results/dedup_short.json and .png.
@@ -138,13 +141,32 @@ def cpu_model() -> str:
 
 
 def timed(fn, *args) -> tuple[float, float]:
-    """(wall s, CPU s of this process and its waited-for children) of fn(*args)."""
+    """(wall s, CPU s of this process and its waited-for children) of fn(*args), or what
+    fn returns when it times itself."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     t, c = time.perf_counter(), time.process_time()
-    fn(*args)
+    own = fn(*args)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if isinstance(own, tuple):
+        return own
     return wall, cpu + (ru2.ru_utime - ru.ru_utime) + (ru2.ru_stime - ru.ru_stime)
+
+
+_BEFORE = """import json, sys, time
+from tinystack.data.tools import dedup_files
+t, c = time.perf_counter(), time.process_time()
+dedup_files([sys.argv[1]], sys.argv[2])
+print(json.dumps([time.perf_counter() - t, time.process_time() - c]))
+"""
+
+
+def run_before(src: Path, inp: Path, out: Path) -> tuple[float, float]:
+    """The earlier code's `dedup_files` in a subprocess, timed inside it (no start-up)."""
+    res = subprocess.run([sys.executable, "-c", _BEFORE, str(inp), str(out)], check=True, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(src)})
+    wall, cpu = json.loads(res.stdout.strip().splitlines()[-1])
+    return wall, cpu
 
 
 def plot(res: dict, path: Path) -> None:
@@ -155,14 +177,16 @@ def plot(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, key, title in ((axes[0], "wall_s", "wall time"), (axes[1], "cpu_s", "process CPU time")):
         vals = [res["timing"][n][key] for n in names]
-        ax.barh(names, vals, color=["C0" if n.startswith("tinystack") else "C1" for n in names])
+        ax.barh(names, vals, color=["C7" if n == "tinystack_before" else "C0" if n.startswith("tinystack") else "C1"
+                                     for n in names])
+        ours = res["timing"]["tinystack"][key]
         for y, (n, v) in enumerate(zip(names, vals)):
             runs = res["timing"][n][key.replace("_s", "_runs")]
             ax.plot(runs, [y] * len(runs), "k.", ms=3)
-            ax.text(v, y, f" {v:.2f} s", va="center")
+            ax.text(max(runs), y, f"  {v:.2f} s" + (f" ({v / ours:.1f}x)" if n != "tinystack" else ""), va="center")
         ax.invert_yaxis()
         ax.set(title=f"{title}: median of {res['params']['trials']} (dots: trials)", xlabel="seconds")
-        ax.set_xlim(0, 1.25 * max(max(res["timing"][n][key.replace("_s", "_runs")]) for n in names))
+        ax.set_xlim(0, 1.45 * max(max(res["timing"][n][key.replace("_s", "_runs")]) for n in names))
     s = res["speedup"]
     fig.suptitle(f"dedup of {res['corpus']['docs']:,} short docs (~{res['corpus']['mean_chars']:.0f} chars, en+zh): "
                  f"tinystack {s['wall']:.1f}x datasketch (wall), {s['cpu']:.1f}x (CPU) | {res['machine']['cpu']}",
@@ -177,6 +201,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / "dedup_short.json")
+    ap.add_argument("--baseline-src", type=Path, help="src/ of an earlier commit: adds tinystack_before")
     ap.add_argument("--datasketch-only", nargs=2, type=Path, metavar=("IN", "OUT_DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.datasketch_only:  # the subprocess of the datasketch_script timing
@@ -213,6 +238,8 @@ def main() -> None:
         "datasketch_script": lambda o: subprocess.run(
             [sys.executable, __file__, "--datasketch-only", str(inp), str(o)], check=True, env=env),
     }
+    if args.baseline_src:
+        runs["tinystack_before"] = lambda o: run_before(args.baseline_src.resolve(), inp, o)
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
     quality = {}
     load = [os.getloadavg()[0]]
@@ -229,17 +256,20 @@ def main() -> None:
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items()}
     timing = {k: {"wall_s": round(w, 3), "cpu_s": round(c, 3), "wall_runs": [round(x[0], 3) for x in times[k]],
                   "cpu_runs": [round(x[1], 3) for x in times[k]], **quality[k]} for k, (w, c) in med.items()}
-    ratio = lambda a, b, i: round(med[b][i] / med[a][i], 2)
+    ratio = lambda a, b, i: round(med[b][i] / med[a][i], 2) if b in med else None
     res = {
         "corpus": corpus, "timing": timing,
         "speedup": {"wall": ratio("tinystack", "datasketch", 0), "cpu": ratio("tinystack", "datasketch", 1),
                     "wall_vs_default_bands": ratio("tinystack", "datasketch_default_bands", 0),
                     "cpu_vs_default_bands": ratio("tinystack", "datasketch_default_bands", 1),
                     "cli_vs_script_wall": ratio("tinystack_cli", "datasketch_script", 0),
-                    "cli_vs_script_cpu": ratio("tinystack_cli", "datasketch_script", 1)},
+                    "cli_vs_script_cpu": ratio("tinystack_cli", "datasketch_script", 1),
+                    "vs_before_wall": ratio("tinystack", "tinystack_before", 0),
+                    "vs_before_cpu": ratio("tinystack", "tinystack_before", 1)},
         "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_avg_1m": [round(x, 2) for x in load],
                     "python": sys.version.split()[0]},
-        "params": {**{k: v for k, v in vars(args).items() if k not in ("out", "datasketch_only")},
+        "params": {**{k: v for k, v in vars(args).items() if k not in ("out", "datasketch_only", "baseline_src")},
+                   "baseline_src": bool(args.baseline_src),
                    "threshold": THRESHOLD, "num_perm": PERM, "bands": list(bands)},
     }
     s = res["speedup"]
@@ -249,6 +279,8 @@ def main() -> None:
     print(f"tinystack vs datasketch (same bands): {s['wall']:.2f}x wall, {s['cpu']:.2f}x CPU; vs default bands "
           f"{s['wall_vs_default_bands']:.2f}x / {s['cpu_vs_default_bands']:.2f}x; CLI vs script "
           f"{s['cli_vs_script_wall']:.2f}x / {s['cli_vs_script_cpu']:.2f}x | load {res['machine']['load_avg_1m']}")
+    if s["vs_before_cpu"]:
+        print(f"tinystack vs the --baseline-src code: {s['vs_before_wall']:.2f}x wall, {s['vs_before_cpu']:.2f}x CPU")
     shutil.rmtree(tmp)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, res)
