@@ -63,9 +63,9 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
             except json.JSONDecodeError as e:
                 rejects.add(path, lineno, "invalid_json", line, str(e))
                 continue
-            # cheap pre-check (JSON escapes are "\\u" + 4 hex digits of either case); only
-            # then pay for the full test. line.lower() would copy the whole line.
-            if "\\ud" in line or "\\uD" in line:
+            # cheap pre-check on the bytes (JSON escapes are ASCII: "\\u" + 4 hex digits of
+            # either case); only then pay for the full test.
+            if b"\\ud" in raw or b"\\uD" in raw:
                 try:
                     json.dumps(obj, ensure_ascii=False).encode("utf-8")
                 except UnicodeEncodeError as e:
