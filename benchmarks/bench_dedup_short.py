@@ -131,13 +131,15 @@ def score(removed: set[str], truth: set[str]) -> dict:
 
 
 def cpu_model() -> str:
+    """/proc/cpuinfo's model name, with family/model/cache (a VM may show only "AMD EPYC")."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, "
+                f"{info.get('cache size', '?')} cache)")
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
 
 
 def timed(fn, *args) -> tuple[float, float]:
