@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -20,14 +21,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux, else what platform reports)."""
+    """/proc/cpuinfo's model name with family, model and cache size (a VM may show only "AMD EPYC")."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+        info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+        return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, "
+                f"{info.get('cache size', '?')} cache)")
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
 
 
 def machine() -> dict[str, Any]:
@@ -56,7 +57,11 @@ class Timing(NamedTuple):
 
 
 def timed(fn: Callable[[], Any]) -> Timing:
-    """Run fn once; its wall time, this process's CPU time (all threads) and its result."""
+    """Run fn once; its wall time, the CPU time of this process (all threads) and of the child processes it
+    waited for (a CLI run as a subprocess), and its result."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0, c0 = time.perf_counter(), time.process_time()
     value = fn()
-    return Timing(time.perf_counter() - w0, time.process_time() - c0, value)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    kids2 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Timing(wall, cpu + (kids2.ru_utime - kids.ru_utime) + (kids2.ru_stime - kids.ru_stime), value)

@@ -39,19 +39,18 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import random
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
+from bench_common import cpu_model
+from bench_common import timed as common_timed
 from bench_dedup_corpus import short_corpus, similar_pairs
 from tinystack.atomic import write_json
 from tinystack.data.dedup.near_duplicates import NearDupParams, cluster_roots
@@ -130,29 +129,10 @@ def score(removed: set[str], truth: set[str]) -> dict:
             "precision": round(tp / len(removed), 5) if removed else 1.0}
 
 
-def cpu_model() -> str:
-    """/proc/cpuinfo's model name, with family/model/cache (a VM may show only "AMD EPYC")."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-        info = {k.strip(): v.strip() for k, v in info.items()}
-        return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, "
-                f"{info.get('cache size', '?')} cache)")
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
 def timed(fn, *args) -> tuple[float, float]:
-    """(wall s, CPU s of this process and its waited-for children) of fn(*args), or what
-    fn returns when it times itself."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t, c = time.perf_counter(), time.process_time()
-    own = fn(*args)
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
-    ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if isinstance(own, tuple):
-        return own
-    return wall, cpu + (ru2.ru_utime - ru.ru_utime) + (ru2.ru_stime - ru.ru_stime)
+    """(wall s, CPU s incl. waited-for children) of fn(*args), or what fn returns when it times itself."""
+    run = common_timed(lambda: fn(*args))
+    return run.value if isinstance(run.value, tuple) else (run.wall_s, run.cpu_s)
 
 
 _BEFORE = """import json, sys, time

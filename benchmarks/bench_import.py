@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_common import machine  # noqa: E402
 RESULTS = ROOT / "benchmarks/results"
 NAME = "smollm2-135m-instruct"
 
@@ -61,18 +62,6 @@ t = time.perf_counter()
 AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
 print(time.perf_counter() - t)
 """
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def machine() -> dict:
-    return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
-            "loadavg_at_start": os.getloadavg()}
 
 
 def run_child(args: list[str]) -> tuple[float, float, str]:

@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from bench_import import machine
+    from bench_common import machine
     from transformers import AutoModelForCausalLM
 
     from tinystack.atomic import write_json
