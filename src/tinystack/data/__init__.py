@@ -31,7 +31,8 @@ Every file is written through `tinystack.atomic`, so a crash never leaves a
 truncated file; `manifest.json` is written last and its ``"hash"`` (over the three
 split files) is the lineage id later stages record. Other layers ask "is a near
 duplicate of this text in train?" with ``NearDupIndex.from_jsonl(path).contains(texts)``.
-"""from tinystack.data.filters.clean import LengthFilter, Normalize, normalize_text
+"""
+from tinystack.data.filters.clean import LengthFilter, Normalize, normalize_text
 from tinystack.data.io.corpus import build_corpus, iter_corpus
 from tinystack.data.dedup.exact import ExactDedup, exact_key, text_sha256
 from tinystack.data.filters.quality import (CharsetFilter, QualityParams, RepetitionFilter, SymbolFilter,
