@@ -6,6 +6,8 @@ in tests/tokenizer), so the same loader serves our models and Hugging Face ones
 uses, the same as `tinystack.tokenizer.BPETokenizer` (which callers may still pass in):
     encode_ordinary(text) -> ids   special-token text in a prompt stays plain text;
                                    the tokenizer's own template (e.g. Llama's BOS) is applied
+    encode_with_special_tokens     the same, but special-token text is the special token: for
+                                   prompts a chat template wrote (infer.chat.encode_chat)
     decode(ids) -> str, eos_token_id, eos_token_ids, vocab_size
 EOS comes from config.json / generation_config.json, else from a well-known token.
 """
@@ -22,6 +24,7 @@ _EOS_NAMES = ("<|endoftext|>", "</s>", "<|im_end|>", "<|end_of_text|>", "<|eot_i
 class Tokenizer:
     def __init__(self, tok, eos_token_ids: list[int]):
         self._tok = tok
+        self._special = None  # the copy that parses special tokens, made on first use
         self._tok.encode_special_tokens = True  # "<|endoftext|>" typed in a prompt is text, not the token
         self.eos_token_ids = frozenset(eos_token_ids)
         self.eos_token_id = eos_token_ids[0] if eos_token_ids else None
@@ -30,6 +33,15 @@ class Tokenizer:
         return self._tok.encode(text, add_special_tokens=True).ids
 
     encode = encode_ordinary
+
+    def encode_with_special_tokens(self, text: str) -> list[int]:
+        # a second tokenizer object rather than flipping the flag: encodes run on several threads
+        if self._special is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._special = HFTokenizer.from_str(self._tok.to_str())
+            self._special.encode_special_tokens = False
+        return self._special.encode(text, add_special_tokens=True).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)

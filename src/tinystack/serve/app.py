@@ -31,7 +31,7 @@ from tinystack.observe.observer import Observer
 from tinystack.observe.tracing import make_tracer
 from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
 from tinystack.serve.guards.body_limit import BodyLimitMiddleware
-from tinystack.infer.chat import ChatFormatter, load_chat_template
+from tinystack.infer.chat import chat_formatter
 from tinystack.serve.engine.adapter import make_adapter
 from tinystack.serve.api.errors import install_error_handlers
 from tinystack.serve.api.middleware import RequestContextMiddleware
@@ -48,16 +48,12 @@ logger = logging.getLogger("tinystack.serve")
 def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None) -> ServerState:
     """The shared objects of one server run (see state.py). Raises ValueError for a bad key file."""
     adapter = make_adapter(engine, cfg.max_num_seqs)
-    tok = adapter.tokenizer
-    eos = ""
-    if adapter.eos_token_id is not None:
-        eos = tok.decode([adapter.eos_token_id])
     name = cfg.model_name or (Path(model_dir).name if model_dir else "tinystack")
     return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(cfg.max_num_seqs, cfg.max_queued_requests),
                        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
                        limiter=RateLimiter(cfg.rate_limit_rpm, cfg.rate_limit_tpm),
                        keys=KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file)),
-                       chat=ChatFormatter(load_chat_template(model_dir), eos_token=eos), model_name=name)
+                       chat=chat_formatter(model_dir, adapter.tokenizer), model_name=name)
 
 
 def _engine_reading(app: FastAPI) -> EngineReading | None:
