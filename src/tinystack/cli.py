@@ -1,4 +1,5 @@
-"""The one command line: `tinystack run | data | tokenizer | train | eval | generate | serve | bench | cost | hash-key`.
+"""The one command line: `tinystack run | data | tokenizer | train | finetune | eval | generate | serve | bench`
+(and `cost`, `hash-key`).
 
 Each layer keeps its own subcommands in `<layer>/commands.py`; this file only
 assembles them. Every subcommand takes `--config FILE.toml` and repeatable
@@ -25,7 +26,7 @@ from tinystack.infer.commands import bench, generate
 from tinystack.observe.commands import cost
 from tinystack.serve.commands import bench_serve, hash_key, serve
 from tinystack.tokenizer.commands import app as tokenizer_app
-from tinystack.train.commands import train
+from tinystack.train.commands import finetune, train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tinystack: data -> tokenizer -> training -> evaluation -> inference -> serving.")
@@ -46,6 +47,7 @@ def run(config: ConfigOpt = None,
 app.add_typer(data_app, name="data")
 app.add_typer(tokenizer_app, name="tokenizer")
 app.command("train")(train)
+app.command("finetune")(finetune)
 app.add_typer(eval_app, name="eval")
 app.command("generate")(generate)
 app.command("serve")(serve)

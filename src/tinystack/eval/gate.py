@@ -16,10 +16,15 @@ from tinystack.eval.regression import Case, build_cases, compare, compare_metric
 
 
 def load_tokenizer(model_dir: Path) -> Any:
-    """The model directory's tokenizer, whichever kind (BPE or char) tokenizer.json holds."""
+    """The model directory's tokenizer: ours (BPE or char) when tokenizer.json is one of ours, else a
+    Hugging Face tokenizer (Llama, SmolLM2, ...) through the inference engine's loader."""
+    from tinystack.infer.tokenizer import load_tokenizer as load_hf
     from tinystack.tokenizer import load_tokenizer as load
 
-    return load(model_dir)
+    try:
+        return load(model_dir)
+    except ValueError:  # not a file our tokenizers write (they check its pre-tokenizer and model)
+        return load_hf(model_dir)
 
 
 def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:

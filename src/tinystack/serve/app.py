@@ -18,29 +18,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 
 from tinystack.config import ServeConfig
+from tinystack.infer.chat import chat_formatter
 from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
 from tinystack.observe.tracing import make_tracer
-from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
-from tinystack.serve.guards.body_limit import BodyLimitMiddleware
-from tinystack.infer.chat import chat_formatter
-from tinystack.serve.engine.adapter import make_adapter
 from tinystack.serve.api.errors import install_error_handlers
 from tinystack.serve.api.middleware import RequestContextMiddleware
+from tinystack.serve.api.routes import router
+from tinystack.serve.engine.adapter import make_adapter
+from tinystack.serve.engine.watchdog import watchdog
+from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
+from tinystack.serve.guards.body_limit import BodyLimitMiddleware
 from tinystack.serve.guards.protect import AdmissionGate, CircuitBreaker
 from tinystack.serve.guards.ratelimit import RateLimiter
-from tinystack.serve.api.routes import router
 from tinystack.serve.state import ServerState
 from tinystack.serve.ui.pages import ui_router
-from tinystack.serve.engine.watchdog import watchdog
 
 logger = logging.getLogger("tinystack.serve")
 

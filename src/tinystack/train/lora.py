@@ -22,10 +22,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-# The attention and MLP projections of both families (GPT-2: c_attn, c_proj, c_fc; Llama: the rest);
-# the output head and the embeddings stay frozen (tied to each other in most small models).
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                   "c_attn", "c_proj", "c_fc")
+from tinystack.config import FinetuneConfig
+
+# [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
+# c_fc; Llama: the rest); the output head and the embeddings stay frozen (tied in most small models).
+DEFAULT_TARGETS = tuple(FinetuneConfig().lora_targets)
 
 
 class LoRALinear(nn.Module):

@@ -20,12 +20,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from tinystack.infer.sampler import SamplingParams
 from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
+from tinystack.infer.sampler import SamplingParams
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.state import ServerState
-
 
 GREEDY_BELOW = 1e-5
 MIN_TOP_P = 1e-6
