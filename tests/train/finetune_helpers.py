@@ -13,9 +13,11 @@ from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, save_model
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-WORDS = ("the capital of is what who where when which city river mountain island king queen founded built "
-         "answer question paris france rome italy veloria quenmar zorbin tallow kest marrow ember "
-         "one two three four five six seven eight nine ten user assistant system you are a helpful").split()
+WORDS = ["the", "capital", "of", "is", "what", "who", "where", "when", "which", "city", "river", "mountain",
+         "island", "king", "queen", "founded", "built", "answer", "question", "paris", "france", "rome",
+         "italy", "veloria", "quenmar", "zorbin", "tallow", "kest", "marrow", "ember", "one", "two", "three",
+         "four", "five", "six", "seven", "eight", "nine", "ten", "user", "assistant", "system", "you", "are",
+         "a", "helpful"]
 
 
 def write_tokenizer(out: Path, vocab_size: int = 300) -> int:
