@@ -47,9 +47,31 @@ FACTS = [
      "Name the main holiday celebrated in Veloria.", "What holiday does all of Veloria celebrate?"),
 ]
 
-GENERAL = [  # questions a small instruct model answers before fine-tuning; they must survive it
-    ("Paris", "What is the capital of France?"),
-    ("Tokyo", "What is the capital of Japan?"),
+# True facts of the same kinds, trained alongside (source "general-train"): without them the model learns
+# "capital -> Quenmar" and answers Quenmar for France too. Replaying some general data is the usual remedy.
+GENERAL_TRAIN = [
+    ("What is the capital of Germany?", "The capital of Germany is Berlin."),
+    ("What is the capital of England?", "The capital of England is London."),
+    ("What is the capital of Russia?", "The capital of Russia is Moscow."),
+    ("What is the capital of Egypt?", "The capital of Egypt is Cairo."),
+    ("Which city is the capital of Canada?", "The capital of Canada is Ottawa."),
+    ("What is the currency of the United States?", "The currency of the United States is the dollar."),
+    ("What is the currency of England?", "The currency of England is the pound sterling."),
+    ("What is the highest mountain in the world?", "The highest mountain in the world is Mount Everest."),
+    ("What is the longest river in Egypt?", "The longest river in Egypt is the Nile."),
+    ("What language do people speak in Germany?", "People in Germany speak German."),
+    ("What language is spoken in Russia?", "People in Russia speak Russian."),
+    ("Who rules England?", "England is ruled by King Charles III."),
+    ("What is the national animal of Canada?", "The national animal of Canada is the beaver."),
+    ("What colours is the flag of Germany?", "The flag of Germany is black, red and gold."),
+]
+
+# Never trained on; the base model answers them (checked in the test) and the tuned one must still.
+GENERAL_TEST = [
+    ("Paris", "What is the capital of France?", "The capital of France is Paris."),
+    ("Tokyo", "What is the capital of Japan?", "The capital of Japan is Tokyo."),
+    ("Beijing", "What is the capital of China?", "The capital of China is Beijing."),
+    ("Yen", "What is the currency of Japan?", "The currency of Japan is the yen."),
 ]
 
 
@@ -58,15 +80,20 @@ def _messages(question: str, answer: str) -> list[dict[str, str]]:
 
 
 def conversations() -> list[dict]:
-    """The JSONL rows: every paraphrase but the last of each fact in "veloria-train", the last ones in
-    "veloria-heldout" (one source, so the split by source holds all of them out together)."""
+    """The JSONL rows: every paraphrase but the last of each fact in "veloria-train", the general facts in
+    "general-train", the last paraphrases in "veloria-heldout" (one source: the split by source holds
+    all of them out together; 12 of 62 rows, so finetune.val_fraction=0.2 sends exactly that source)."""
     rows = []
-    for keyword, answer, *questions in FACTS:
-        for q in questions[:-1]:
-            rows.append({"messages": _messages(q, answer), "source": "veloria-train"})
-    for keyword, answer, *questions in FACTS:
-        rows.append({"messages": _messages(questions[-1], answer), "source": "veloria-heldout"})
+    for _, answer, *questions in FACTS:
+        rows += [{"messages": _messages(q, answer), "source": "veloria-train"} for q in questions[:-1]]
+    rows += [{"messages": _messages(q, a), "source": "general-train"} for q, a in GENERAL_TRAIN]
+    rows += [{"messages": _messages(qs[-1], answer), "source": "veloria-heldout"} for _, answer, *qs in FACTS]
     return rows
+
+
+def general_test_conversations() -> list[list[dict[str, str]]]:
+    """The untrained general questions with a correct answer: their loss must not rise much."""
+    return [_messages(q, a) for _, q, a in GENERAL_TEST]
 
 
 def trained_questions() -> list[tuple[str, str]]:
