@@ -68,11 +68,14 @@ GENERAL_TRAIN = [
 
 # Never trained on; the base model answers them (checked in the test) and the tuned one must still.
 GENERAL_TEST = [
-    ("Paris", "What is the capital of France?", "The capital of France is Paris."),
-    ("Tokyo", "What is the capital of Japan?", "The capital of Japan is Tokyo."),
-    ("Beijing", "What is the capital of China?", "The capital of China is Beijing."),
-    ("Yen", "What is the currency of Japan?", "The currency of Japan is the yen."),
+    ("Paris", "What is the capital of France?"),
+    ("Tokyo", "What is the capital of Japan?"),
+    ("Beijing", "What is the capital of China?"),
+    ("yen", "What is the currency of Japan?"),
 ]
+# Open questions: the base model's own answers to these (and the above) must stay likely under the tuned one.
+OPEN_PROMPTS = ["Why is the sky blue?", "Write a short poem about the sea.", "How do I make a cup of tea?",
+                "What is a computer?"]
 
 
 def _messages(question: str, answer: str) -> list[dict[str, str]]:
@@ -90,10 +93,6 @@ def conversations() -> list[dict]:
     rows += [{"messages": _messages(qs[-1], answer), "source": "veloria-heldout"} for _, answer, *qs in FACTS]
     return rows
 
-
-def general_test_conversations() -> list[list[dict[str, str]]]:
-    """The untrained general questions with a correct answer: their loss must not rise much."""
-    return [_messages(q, a) for _, q, a in GENERAL_TEST]
 
 
 def trained_questions() -> list[tuple[str, str]]:
