@@ -12,7 +12,8 @@ exp_avg_sq + step) each method allocates. Target: LoRA >= 1.5x the tokens/s of f
 with <= 10% of its optimizer memory.
 
 With `--curves-steps N` it also fine-tunes both ways on the planted-facts set of
-tests/train/planted_facts.py through `tinystack.train.finetune` and plots the two loss curves.
+tests/train/planted_facts.py through `tinystack.train.finetune` and plots the two loss curves
+(finetune_loss.png, finetune_loss.json).
 
     .venv/bin/python benchmarks/bench_finetune.py [--threads 1] [--trials 3] [--steps 4] [--batch 4] [--rank 8]
                                                  [--curves-steps 16] [--model DIR]
@@ -154,10 +155,15 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: P
 
 
 def cpu_model() -> str:
+    """'model name (family F, model M, avx512_bf16)' from /proc/cpuinfo (a VM may only say 'AMD EPYC')."""
+    info: dict[str, str] = {}
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    if "model name" not in info:
+        return platform.processor()
+    bf16 = ", avx512_bf16" if "avx512_bf16" in info.get("flags", "").split() else ""
+    return f"{info['model name']} (family {info.get('cpu family')}, model {info.get('model')}{bf16})"
 
 
 def main() -> None:
@@ -165,6 +171,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="SmolLM2-135M directory (default: built from the GGUF)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--targets", default="", help="comma-separated LoRA targets (default: [finetune] lora_targets)")
     ap.add_argument("--steps", type=int, default=4, help="optimiser steps per trial (the first is not timed)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rank", type=int, default=8)
@@ -175,9 +182,12 @@ def main() -> None:
     model_dir = smollm2_dir(args.model)
     tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
                        weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False)
-    methods = {"full": FinetuneConfig(lora_rank=0),
-               f"lora r={args.rank}": FinetuneConfig(lora_rank=args.rank, lora_alpha=2.0 * args.rank)}
+    lora = FinetuneConfig(lora_rank=args.rank, lora_alpha=2.0 * args.rank)
+    if args.targets:
+        lora.lora_targets = args.targets.split(",")
+    methods = {"full": FinetuneConfig(lora_rank=0), f"lora r={args.rank}": lora}
     res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": SEQ,
+                 "lora_targets": lora.lora_targets,
                  "batch": args.batch, "steps_per_trial": args.steps, "cpu_model": cpu_model(), "machine": machine(),
                  "methods": {}}
     for name, ft in methods.items():
@@ -200,12 +210,14 @@ def main() -> None:
     res["target_met"] = res["lora_speedup_cpu"] >= 1.5 and res["lora_optimizer_memory_fraction"] <= 0.10
     print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s (CPU time; wall {res['lora_speedup_wall']:.2f}x),"
           f" {100 * res['lora_optimizer_memory_fraction']:.2f}% of the optimizer memory", flush=True)
-    if args.curves_steps > 0:
-        png = args.out.with_name(args.out.stem + "_loss.png")
-        res["curves"] = loss_curves(model_dir, args.curves_steps, args.rank, args.threads, png)
-        print(f"wrote {png}")
     write_json(args.out, finish(res))
     print(f"wrote {args.out}")
+    if args.curves_steps > 0:
+        png = args.out.with_name(args.out.stem + "_loss.png")
+        curves = {"steps": args.curves_steps, "runs": loss_curves(model_dir, args.curves_steps, args.rank,
+                                                                  args.threads, png)}
+        write_json(png.with_suffix(".json"), finish({**curves, "cpu_model": cpu_model(), "machine": machine()}))
+        print(f"wrote {png} and {png.with_suffix('.json')}")
 
 
 if __name__ == "__main__":
