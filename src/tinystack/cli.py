@@ -1,5 +1,5 @@
-"""The one command line: `tinystack run | data | tokenizer | model | train | eval | models | generate | serve |
-bench | cost | hash-key`.
+"""The one command line: `tinystack run | data | tokenizer | model | train | finetune | eval | models | generate |
+serve | bench | cost | hash-key`.
 
 Each layer keeps its own subcommands in `<layer>/commands.py`; this file only
 assembles them. Every subcommand takes `--config FILE.toml`, repeatable
@@ -29,7 +29,7 @@ from tinystack.model.commands import app as model_app
 from tinystack.observe.commands import cost
 from tinystack.serve.commands import bench_serve, hash_key, serve
 from tinystack.tokenizer.commands import app as tokenizer_app
-from tinystack.train.commands import train
+from tinystack.train.commands import finetune, train
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="tinystack: data -> tokenizer -> training -> evaluation -> inference -> serving.")
@@ -57,6 +57,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(tokenizer_app, name="tokenizer")
 app.add_typer(model_app, name="model")
 app.command("train")(train)
+app.command("finetune")(finetune)
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
 app.command("generate")(generate)

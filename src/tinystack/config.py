@@ -112,6 +112,29 @@ class TrainConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    """Supervised fine-tuning of a pretrained model directory (tinystack.train.finetune). The optimiser's
+    betas, grad_clip, seed, dtype, compile, threads and plot come from [train]; dedup settings from [data]."""
+
+    max_iters: int = 200
+    batch_size: int = 8  # conversations per micro-batch, right-padded to the longest
+    grad_accum_steps: int = 1
+    learning_rate: float = 2e-4  # ~1e-3 suits LoRA, ~2e-5 full fine-tuning of a pretrained model
+    min_lr: float = 2e-5
+    warmup_iters: int = 10
+    weight_decay: float = 0.0
+    eval_interval: int = 50  # held-out loss every N steps (and at the end)
+    ckpt_interval: int = 0  # write last.pt every N steps (and at the end); 0 = only at the end
+    max_seq_len: int = 256  # longer conversations are quarantined as too_long (0 = the model's context)
+    val_fraction: float = 0.1  # held-out share of conversations, whole sources at a time
+    lora_rank: int = 0  # > 0: train rank-r adapters instead of all weights (merged on save)
+    lora_alpha: float = 16.0  # adapter scale = lora_alpha / lora_rank
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "c_attn", "c_proj", "c_fc"])
+
+
+@dataclass
 class EvalConfig:
     max_windows: int = 256  # deterministic non-overlapping windows per split (0 = all)
     batch_size: int = 16
@@ -218,6 +241,7 @@ class Config:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     infer: InferConfig = field(default_factory=InferConfig)

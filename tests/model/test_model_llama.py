@@ -53,3 +53,19 @@ def test_clear_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
     with pytest.raises(ModelFormatError, match="lacks 'hidden_size'"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("kind, over", [("llama", {}), ("qwen2", {"tie_word_embeddings": True})])
+def test_saved_llama_is_a_hugging_face_checkpoint(tmp_path, kind, over):
+    from tinystack.model import save_model
+
+    _save(tmp_path / "hf", kind, **over)
+    ours = load_model(tmp_path / "hf")
+    save_model(ours, tmp_path / "ours", eos_token_id=3)  # what fine-tuning writes
+    cls = transformers.LlamaForCausalLM if kind == "llama" else transformers.Qwen2ForCausalLM
+    back = cls.from_pretrained(tmp_path / "ours").eval()
+    assert back.config.eos_token_id == 3
+    idx = torch.randint(0, 67, (2, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.allclose(back(idx).logits, ours(idx)[0], atol=1e-4)
+        assert torch.equal(load_model(tmp_path / "ours")(idx)[0], ours(idx)[0])

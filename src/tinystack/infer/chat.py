@@ -1,14 +1,19 @@
 """Chat messages -> one prompt string: the model's chat template, or a simple built-in role format.
 
-    chat_template.jinja, or tokenizer_config.json's "chat_template"
-                                               -> render it with Jinja2 in a sandbox, as
-                                                  Hugging Face's apply_chat_template does
-                                                  (messages, add_generation_prompt=True,
+    chat_template.jinja, or "chat_template"    -> render it with Jinja2 in a sandbox, as
+    in tokenizer_config.json                      Hugging Face's apply_chat_template does
+                                                  (messages, add_generation_prompt,
                                                   bos_token, eos_token, raise_exception)
     otherwise                                  -> "system: ...\\nuser: ...\\nassistant:"
 
 A template that fails to render (bad template, or it rejects the conversation via
 raise_exception) is the client's 400, with the template's message.
+
+`chat_formatter` is the one way to build the formatter of a model directory (the server's
+and fine-tuning's, so a model is trained on exactly the prompts it is served), and
+`encode_chat` the one way to tokenize a rendered prompt: the special tokens the template
+writes (<|im_start|>, ...) become the special tokens, as with Hugging Face's
+apply_chat_template(tokenize=True); a plain completion prompt keeps them as text.
 """
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ class ChatTemplateError(ValueError):
 
 
 def load_chat_template(model_dir: str | Path | None) -> str | None:
-    """`model_dir/chat_template.jinja` (where transformers >= 4.43 saves it; it wins, as there), else
-    `chat_template` of `model_dir/tokenizer_config.json` (the "default" one if it is a list), or None."""
+    """`model_dir/chat_template.jinja` (where transformers >= 4.49 saves it), else the `chat_template` of
+    `model_dir/tokenizer_config.json` (the "default" one if it is a list), else None."""
     if model_dir is None:
         return None
     jinja = Path(model_dir) / "chat_template.jinja"
@@ -65,14 +70,30 @@ class ChatFormatter:
             env.globals["raise_exception"] = _raise
             self._template = env.from_string(template)
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """messages: [{"role", "content"}] (content already text) -> the prompt to continue."""
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """messages: [{"role", "content"}] (content already text) -> the prompt to continue (or, with
+        add_generation_prompt=False, the conversation as written: what fine-tuning trains on)."""
         if self._template is None:
-            return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+            return text + "assistant:" if add_generation_prompt else text
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
-                                         eos_token=self.eos_token)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token, eos_token=self.eos_token)
         except ChatTemplateError:
             raise
         except (TemplateError, TypeError, ValueError, KeyError) as e:
             raise ChatTemplateError(f"chat template failed: {e}") from None
+
+
+def chat_formatter(model_dir: str | Path | None, tokenizer: Any) -> ChatFormatter:
+    """The formatter of `model_dir`: its template, and its EOS text for templates that write it."""
+    eos_id = getattr(tokenizer, "eos_token_id", None)
+    eos = tokenizer.decode([eos_id]) if eos_id is not None else ""
+    return ChatFormatter(load_chat_template(model_dir), eos_token=eos)
+
+
+def encode_chat(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of a rendered chat prompt: template special-token text -> those tokens, where the
+    tokenizer can (infer.tokenizer.Tokenizer); other tokenizers have no such tokens to write."""
+    encode = getattr(tokenizer, "encode_with_special_tokens", None) or tokenizer.encode_ordinary
+    return encode(prompt)

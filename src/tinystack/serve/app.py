@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 
 from tinystack.atomic import read_json
 from tinystack.config import ServeConfig
-from tinystack.infer.chat import ChatFormatter, load_chat_template
+from tinystack.infer.chat import chat_formatter
 from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
@@ -49,16 +50,12 @@ logger = logging.getLogger("tinystack.serve")
 def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None) -> ServerState:
     """The shared objects of one server run (see state.py). Raises ValueError for a bad key file."""
     adapter = make_adapter(engine)
-    tok = adapter.tokenizer
-    eos = ""
-    if adapter.eos_token_id is not None:
-        eos = tok.decode([adapter.eos_token_id])
     name = cfg.model_name or (Path(model_dir).name if model_dir else "tinystack")
     return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(adapter.max_num_seqs, cfg.max_queued_requests),
                        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
                        limiter=RateLimiter(cfg.rate_limit_rpm, cfg.rate_limit_tpm),
                        keys=KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file)),
-                       chat=ChatFormatter(load_chat_template(model_dir), eos_token=eos), model_name=name,
+                       chat=chat_formatter(model_dir, adapter.tokenizer), model_name=name,
                        lineage=served_lineage(model_dir))
 
 

@@ -47,6 +47,7 @@ class Tokenizer:
     def __init__(self, tok: Any, raw: bytes, eos_token_ids: list[int], config: bytes | None = None):
         """`tok`: a tokenizers.Tokenizer built from `raw` (the tokenizer.json bytes)."""
         self._tok, self._raw, self._config = tok, raw, config
+        self._special: Any = None  # the copy that parses special tokens, made on first use
         self._tok.encode_special_tokens = True  # "<|endoftext|>" typed in a prompt is text, not the token
         self.eos_token_ids = frozenset(eos_token_ids)
         self.eos_token_id = eos_token_ids[0] if eos_token_ids else None
@@ -61,6 +62,17 @@ class Tokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=True).ids
+
+    def encode_with_special_tokens(self, text: str) -> list[int]:
+        """Like encode_ordinary, but special-token text is the special token: for prompts a chat template wrote
+        (infer.chat.encode_chat). A second tokenizer object rather than flipping the flag: encodes run on
+        several threads."""
+        if self._special is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._special = HFTokenizer.from_str(self._tok.to_str())
+            self._special.encode_special_tokens = False
+        return self._special.encode(text, add_special_tokens=True).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)

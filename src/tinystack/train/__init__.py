@@ -8,6 +8,12 @@
       -> numpy_loop.train_numpy: the same steps on tinystack.nn's NumPy GPT (hand-written backward)
       -> a JSONL training log, a PNG loss curve (plot.py), a progress bar with loss, tokens/s and ETA
       -> checkpoint.save_model_dir: config.json + model.safetensors + tokenizer.json + tinystack.json
+
+Fine-tuning (`tinystack finetune`, finetune.py) runs the same loop (loop.train_model) on a pretrained
+model directory: conversations JSONL -> finetune_data (validate, quarantine, dedup, split by source)
+-> finetune_batches (chat-template tokens, loss on assistant tokens only, padded batches) ->
+all weights, or LoRA adapters (lora.py) merged on save -> an ordinary model directory + a held-out
+base-vs-fine-tuned comparison.
 """
 from tinystack.lazy import lazy_exports
 
@@ -21,10 +27,15 @@ _EXPORTS = {
     "NonFiniteLossError": "tinystack.train.loop",
     "TrainResult": "tinystack.train.loop",
     "estimate_loss": "tinystack.train.loop",
+    "finetune": "tinystack.train.finetune",
+    "inject_lora": "tinystack.train.lora",
+    "merge_lora": "tinystack.train.lora",
+    "train_model": "tinystack.train.loop",
     "make_optimizer": "tinystack.train.loop",
     "train": "tinystack.train.loop",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["BatchSampler", "NonFiniteLossError", "TrainResult", "estimate_loss", "eval_batches", "get_batch",
-           "load_checkpoint", "make_optimizer", "save_checkpoint", "save_model_dir", "train"]
+__all__ = ["BatchSampler", "NonFiniteLossError", "TrainResult", "estimate_loss", "eval_batches", "finetune",
+           "get_batch", "inject_lora", "load_checkpoint", "make_optimizer", "merge_lora", "save_checkpoint",
+           "save_model_dir", "train", "train_model"]

@@ -1,4 +1,5 @@
-"""`tinystack train`: train the GPT on token files (wired into the CLI by tinystack.cli).
+"""`tinystack train`: train the GPT on token files; `tinystack finetune`: fine-tune a pretrained model on
+conversations (train.finetune). Both are wired into the CLI by tinystack.cli.
 
 Also what `torchrun --nproc_per_node=N -m tinystack train ...` runs: every rank executes
 this command, joins the process group (train.distributed) and trains its share of each
@@ -31,5 +32,24 @@ def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer dire
 
     try:
         stage_train(cfg, tokens, out, out.parent / f"{out.name}_train_log.jsonl", resume=resume, ckpt_dir=ckpt_dir)
+    finally:
+        shutdown_distributed()
+
+
+@config_command("finetune", "run.device")
+def finetune(cfg: Config,
+             model: Annotated[Path, typer.Option(help="Pretrained model directory (ours or Hugging Face GPT-2/Llama).")],
+             data: Annotated[Path, typer.Option(help='Conversations JSONL: {"messages": [...]} or {"prompt", '
+                                                     '"completion"}.')],
+             out: Annotated[Path, typer.Option(help="Model directory to write (work files go to OUT_finetune/).")],
+             resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT_finetune/checkpoints.")] = False,
+             ) -> None:
+    """Fine-tune a model on conversations (loss on assistant tokens only); compare it with the base on held-out
+    data. `--lora-rank r` trains rank-r adapters instead of all weights."""
+    from tinystack.train.distributed import shutdown_distributed
+    from tinystack.train.finetune import finetune as run_finetune
+
+    try:
+        run_finetune(model, data, out, cfg, resume=resume)
     finally:
         shutdown_distributed()

@@ -1,7 +1,13 @@
 """The PyTorch training loop: token file in, trained GPT out; resumable, mixed precision, DDP-aware.
 
+`train` pretrains a GPT on a token array; `train_model` is the same loop over any model
+factory and batch source (fine-tuning: a pretrained model, maybe with LoRA adapters, and
+padded conversations whose non-assistant targets are IGNORE_INDEX; train.finetune).
+
     each step:  lr = nn.schedule.lr_at(step)
-                global batch from BatchSampler -> this rank's slice -> grad_accum_steps micro-batches
+                global batch from the batch source -> this rank's slice -> grad_accum_steps micro-batches
+                    (trailing columns with no target left in a micro-batch are cut: causal attention
+                     means they change nothing before them)
                     autocast forward -> loss / accum -> (scaled) backward   (DDP syncs on the last micro-batch)
                 non-finite loss or gradient -> NonFiniteLossError naming the step (nothing is written)
                 unscale -> clip by global norm -> AdamW step
@@ -10,7 +16,10 @@
 
 `resume=True` restores model, optimiser, scaler, step, RNG and data position from
 ckpt_dir/last.pt, so N steps + resume + M steps equals N + M steps bit for bit.
-Weight decay applies to matrices only (not biases, LayerNorm gains or embeddings).
+Checkpoints hold the trainable parameters and buffers only: a frozen base is rebuilt by
+the model factory (a LoRA checkpoint is the adapters, not the whole model).
+Only parameters with requires_grad reach the optimiser. Weight decay applies to
+matrices only (not biases, norm gains or embeddings).
 """
 from __future__ import annotations
 
@@ -18,9 +27,10 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +46,20 @@ from tinystack.train import precision
 from tinystack.train.batches import BatchSampler, eval_batches, get_batch
 from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
+
+IGNORE_INDEX = -1  # a target the loss skips (padding, prompt tokens); the models' own ignore_index
+_NO_DECAY = ("wte", "wpe", "embed_tokens")  # embeddings: GPT-2's, Llama's
+
+
+class BatchSource(Protocol):
+    """What the loop draws from: `sample(n)` -> x, y int64 [n, T] (y = IGNORE_INDEX where no loss),
+    and a `state_dict` that is the data position (saved in checkpoints, restored on resume)."""
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -60,17 +84,21 @@ class TrainResult:
         return asdict(self)
 
 
-__all__ = ["NonFiniteLossError", "TrainResult", "estimate_loss", "get_batch", "make_optimizer", "train"]
+__all__ = ["IGNORE_INDEX", "BatchSource", "NonFiniteLossError", "TrainResult", "batches_loss", "estimate_loss",
+           "get_batch", "make_optimizer", "train", "train_model"]
 
 
-def make_optimizer(model: GPT, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with decoupled decay on 2-D Linear weights only (wte is tied to lm_head, listed once).
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, decoupled decay on 2-D Linear weights only (an embedding
+    tied to the head is listed once, undecayed); frozen parameters get no optimiser state.
 
     The fused kernel (one pass over all parameters; on CPU since torch 2.4) where the device has it:
     without it, CPU AdamW falls back to a Python loop of ~7 small ops per tensor."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and "wte" not in name and "wpe" not in name else no_decay).append(p)
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and not any(n in name for n in _NO_DECAY) else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     device = next(model.parameters()).device.type
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
@@ -81,22 +109,40 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in the logits' precision, at least float32 (bf16/fp16 are upcast)."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def _trim(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut the trailing columns where no row has a target (padding): under a causal mask they change
+    nothing before them, so the loss is the same and the step cheaper. Token batches keep every column."""
+    has = (y != IGNORE_INDEX).any(dim=0)
+    last = int(has.nonzero().max()) + 1 if bool(has.any()) else y.size(1)
+    return (x[:, :last], y[:, :last]) if last < y.size(1) else (x, y)
 
 
 @torch.no_grad()
-def estimate_loss(model: GPT, tokens: np.ndarray, cfg: TrainConfig, device: torch.device) -> float:
-    """Mean loss over `eval_iters` fixed batches (`batches.eval_batches`), so estimates are comparable."""
+def batches_loss(model: torch.nn.Module, batches: Sequence[tuple[np.ndarray, np.ndarray]], dtype: str,
+                 device: torch.device | str) -> tuple[float, int]:
+    """(mean loss per target token over all batches, number of target tokens); IGNORE_INDEX targets skipped."""
     was_training = model.training
     model.eval()
-    losses = []
     dev = torch.device(device)
-    for x, y in eval_batches(tokens, cfg.batch_size, model.config.block_size, cfg.eval_iters):
-        with precision.autocast(cfg.dtype, dev.type):
-            logits, _ = model(torch.from_numpy(x).to(dev))
-        losses.append(lm_loss(logits, torch.from_numpy(y).to(dev)).item())
+    total, count = 0.0, 0
+    for xb, yb in batches:
+        x, y = _trim(torch.from_numpy(xb).to(dev), torch.from_numpy(yb).to(dev))
+        with precision.autocast(dtype, dev.type):
+            logits, _ = model(x)
+        n = int((y != IGNORE_INDEX).sum())
+        total += lm_loss(logits, y).item() * n
+        count += n
     model.train(was_training)
-    return float(np.mean(losses))
+    return (total / count if count else float("nan")), count
+
+
+def estimate_loss(model: GPT, tokens: np.ndarray, cfg: TrainConfig, device: torch.device) -> float:
+    """Mean loss over `eval_iters` fixed batches (`batches.eval_batches`), so estimates are comparable."""
+    return batches_loss(model, eval_batches(tokens, cfg.batch_size, model.config.block_size, cfg.eval_iters),
+                        cfg.dtype, device)[0]
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:
@@ -106,9 +152,19 @@ def _rng_state(device: torch.device) -> dict[str, Any]:
     return state
 
 
-def _restore(ckpt: dict[str, Any], model: GPT, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-             sampler: BatchSampler, device: torch.device) -> None:
-    model.load_state_dict(ckpt["model"])
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The checkpointed part of a model: its trainable parameters and its buffers (all of a full model)."""
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k not in frozen}
+
+
+def _restore(ckpt: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer,
+             scaler: torch.amp.GradScaler, sampler: BatchSource, device: torch.device) -> None:
+    expected = trainable_state(model)
+    if set(ckpt["model"]) != set(expected):
+        raise ValueError("--resume: the checkpoint's trainable tensors do not match this model "
+                         f"({len(ckpt['model'])} saved, {len(expected)} expected; same LoRA settings?)")
+    model.load_state_dict(ckpt["model"], strict=False)  # the frozen rest came from the model factory
     opt.load_state_dict(ckpt["optimizer"])
     scaler.load_state_dict(ckpt["scaler"])
     sampler.load_state_dict(ckpt["data"])
@@ -136,19 +192,32 @@ def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray
           ckpt_dir: str | Path | None = None, resume: bool = False) -> tuple[GPT, TrainResult]:
     """Train a GPT for `cfg.max_iters` steps (from ckpt_dir/last.pt if `resume`); return it in eval mode
     and a summary. Under torchrun every rank returns the same model; only rank 0 writes files."""
+    val = None
+    if val_tokens is not None:
+        val = eval_batches(val_tokens, cfg.batch_size, model_cfg.block_size, cfg.eval_iters)
+    return train_model(lambda: GPT(model_cfg), BatchSampler(train_tokens, model_cfg.block_size, cfg.seed), val, cfg,
+                       device=device, log_path=log_path, progress=progress, ckpt_dir=ckpt_dir, resume=resume)
+
+
+def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource,
+                val_batches: Sequence[tuple[np.ndarray, np.ndarray]] | None, cfg: TrainConfig, *, device: str = "cpu",
+                log_path: str | Path | None = None, progress: bool = True, ckpt_dir: str | Path | None = None,
+                resume: bool = False, label: str = "train") -> tuple[Any, TrainResult]:
+    """The loop of `train` for any model: `build_model()` (called once, after seeding with cfg.seed, so
+    random inits such as LoRA's repeat) returns it with the parameters to train marked requires_grad;
+    `sampler` yields the batches; `val_batches` are scored (token-weighted mean) every eval_interval steps."""
     info, device = init_distributed(device)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     dev = torch.device(device)
     precision.check_dtype(cfg.dtype, dev.type)
     torch.manual_seed(cfg.seed)
-    model = GPT(model_cfg).to(dev)
+    model = build_model().to(dev)
     if cfg.dtype == "float64":
         model = model.double()
     model.train()
     opt = make_optimizer(model, cfg)
     scaler = precision.grad_scaler(cfg.dtype, dev.type)
-    sampler = BatchSampler(train_tokens, model_cfg.block_size, cfg.seed)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
     start, best_val, val_loss = 0, None, None
     if resume:
@@ -161,40 +230,41 @@ def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray
     if info.enabled:
         fwd = torch.nn.parallel.DistributedDataParallel(fwd, device_ids=[dev.index] if dev.type == "cuda" else None)
     log = _open_log(log_path, start) if info.is_main else None
-    B, T, A = cfg.batch_size, model_cfg.block_size, cfg.grad_accum_steps
-    tokens_per_step = B * A * info.world_size * T
+    tokens_done = 0  # positions fed to the model since start (all ranks): the work, padding included
     loss_value = float("nan")
     t_start = time.perf_counter()
-    bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeRemainingColumn(), disable=not (progress and info.is_main), transient=False)
     try:
         with bar:
-            task = bar.add_task("train", total=cfg.max_iters, completed=start, info="")
+            task = bar.add_task(label, total=cfg.max_iters, completed=start, info="")
             for step in range(start, cfg.max_iters):
                 lr = lr_at(step, max_lr=cfg.learning_rate, min_lr=cfg.min_lr,
                            warmup_iters=cfg.warmup_iters, max_iters=cfg.max_iters)
                 for group in opt.param_groups:
                     group["lr"] = lr
-                loss_value, grad_norm = _step(fwd, opt, scaler, sampler, cfg, info, dev, step)
+                loss_value, grad_norm, n_tokens = _step(fwd, opt, scaler, sampler, cfg, info, dev, step)
+                tokens_done += n_tokens
                 record: dict[str, Any] = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": round(grad_norm, 4)}
                 last = step == cfg.max_iters - 1
                 improved = False
-                if val_tokens is not None and ((step + 1) % cfg.eval_interval == 0 or last):
-                    val_loss = estimate_loss(model, val_tokens, cfg, dev)
+                if val_batches and ((step + 1) % cfg.eval_interval == 0 or last):
+                    val_loss = batches_loss(model, val_batches, cfg.dtype, dev)[0]
                     improved = best_val is None or val_loss < best_val
                     best_val = val_loss if improved else best_val
                     record["val_loss"] = val_loss
                 elapsed = time.perf_counter() - t_start
-                record["tokens_per_s"] = round((step + 1 - start) * tokens_per_step / elapsed, 1)
+                record["tokens_per_s"] = round(tokens_done / elapsed, 1)
                 if log:  # before the checkpoint: a resume keeps every line up to the checkpoint's step
                     log.write(json.dumps(record) + "\n")
                     log.flush()
                 save_last = last or (cfg.ckpt_interval > 0 and (step + 1) % cfg.ckpt_interval == 0)
                 if ckpt_dir is not None and info.is_main and (save_last or improved):
-                    state = {"step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    state = {"step": step + 1, "model": trainable_state(model), "optimizer": opt.state_dict(),
                              "scaler": scaler.state_dict(), "scheduler": {"step": step + 1, "last_lr": lr},
                              "data": sampler.state_dict(), "rng": _rng_state(dev), "val_loss": val_loss,
-                             "best_val_loss": best_val, "model_config": model_cfg.to_dict(), "train_config": asdict(cfg)}
+                             "best_val_loss": best_val, "model_config": model.config.to_dict(),
+                             "train_config": asdict(cfg)}
                     if save_last:
                         save_checkpoint(ckpt_dir / LAST, state)
                     if improved:
@@ -209,28 +279,30 @@ def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray
             log.close()
     wall = time.perf_counter() - t_start
     model.eval()
-    done = cfg.max_iters - start
     return model, TrainResult(cfg.max_iters, loss_value, val_loss, best_val,
-                              done * tokens_per_step / wall if wall > 0 else 0.0, wall, start)
+                              tokens_done / wall if wall > 0 else 0.0, wall, start)
 
 
-def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, sampler: BatchSampler,
-          cfg: TrainConfig, info: DistInfo, dev: torch.device, step: int) -> tuple[float, float]:
-    """One optimiser step over this rank's share of the global batch -> (mean loss over all ranks, grad norm)."""
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, sampler: BatchSource,
+          cfg: TrainConfig, info: DistInfo, dev: torch.device, step: int) -> tuple[float, float, int]:
+    """One optimiser step over this rank's share of the global batch
+    -> (mean loss over all ranks, grad norm, positions fed to the model on all ranks)."""
     B, A = cfg.batch_size, cfg.grad_accum_steps
     x_all, y_all = sampler.sample(B * A * info.world_size)
     mine = slice(info.rank * B * A, (info.rank + 1) * B * A)
     x_all, y_all = torch.from_numpy(x_all[mine]).to(dev), torch.from_numpy(y_all[mine]).to(dev)
-    total = 0.0
+    total, n_tokens = 0.0, 0
     for micro in range(A):
-        x, y = x_all[micro * B:(micro + 1) * B], y_all[micro * B:(micro + 1) * B]
+        x, y = _trim(x_all[micro * B:(micro + 1) * B], y_all[micro * B:(micro + 1) * B])
+        n_tokens += x.numel()
         sync = micro == A - 1 or not info.enabled  # DDP all-reduces gradients only on the last micro-batch
         ctx = contextlib.nullcontext() if sync else model.no_sync()  # type: ignore[operator]
         with ctx:
             with precision.autocast(cfg.dtype, dev.type):
                 logits, _ = model(x)
             loss = lm_loss(logits, y)
-            scaler.scale(loss / A).backward()  # the mean over micro-batches = the big batch's mean
+            # the mean over micro-batches = the big batch's mean (exactly when each has as many targets)
+            scaler.scale(loss / A).backward()
         total += loss.item()
     loss_value = mean_across_ranks(total / A, info, str(dev))
     if not math.isfinite(loss_value):
@@ -244,4 +316,4 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
     scaler.step(opt)
     scaler.update()
     opt.zero_grad(set_to_none=True)
-    return loss_value, grad_norm
+    return loss_value, grad_norm, n_tokens * info.world_size

@@ -20,8 +20,9 @@ on: one bad line never kills a file, and nothing is dropped without a trace.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Literal
 
 from tinystack.data.io.formats import CSV_SUFFIXES, IDENTITY, PARQUET_SUFFIXES, FieldMap, read_csv, read_parquet
 from tinystack.data.io.records import Record, RecordError
@@ -37,17 +38,10 @@ def _decode(raw: bytes, first: bool) -> str:
     return raw.decode("utf-8-sig" if first else "utf-8")
 
 
-def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None = None,
-               fields: FieldMap | None = None) -> Iterator[Record]:
-    """Yield the valid records of a JSONL file; send every bad line to `rejects`.
-
-    Reject reasons: invalid_utf8, invalid_json, invalid_unicode (a lone surrogate
-    escape such as ``"\\ud800"``, which cannot be written back as UTF-8), and the
-    `RecordError` reasons (not_object, missing_text, text_not_string, empty_text,
-    bad_source, bad_timestamp, bad_id). `fields` renames input keys first.
-    """
+def jsonl_objects(path: str | Path, rejects: Rejects) -> Iterator[tuple[int, str, object]]:
+    """(line number, line, parsed JSON value) for each parseable line of a JSONL file; bad lines go to
+    `rejects` (invalid_utf8, invalid_json, invalid_unicode) and blank lines are skipped."""
     path = Path(path)
-    fallback, name = default_source or path.name, str(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             raw = raw.rstrip(b"\r\n")
@@ -71,12 +65,27 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
                 except UnicodeEncodeError as e:
                     rejects.add(path, lineno, "invalid_unicode", line, str(e))
                     continue
-            if fields is not None:
-                obj = fields.apply(obj)
-            try:
-                yield Record.from_dict(obj, default_source=fallback, origin=(name, lineno))
-            except RecordError as e:
-                rejects.add(path, lineno, e.reason, line, str(e))
+            yield lineno, line, obj
+
+
+def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None = None,
+               fields: FieldMap | None = None) -> Iterator[Record]:
+    """Yield the valid records of a JSONL file; send every bad line to `rejects`.
+
+    Reject reasons: invalid_utf8, invalid_json, invalid_unicode (a lone surrogate
+    escape such as ``"\\ud800"``, which cannot be written back as UTF-8), and the
+    `RecordError` reasons (not_object, missing_text, text_not_string, empty_text,
+    bad_source, bad_timestamp, bad_id). `fields` renames input keys first.
+    """
+    path = Path(path)
+    fallback = default_source or path.name
+    for lineno, line, obj in jsonl_objects(path, rejects):
+        if fields is not None:
+            obj = fields.apply(obj)
+        try:
+            yield Record.from_dict(obj, default_source=fallback, origin=(str(path), lineno))
+        except RecordError as e:
+            rejects.add(path, lineno, e.reason, line, str(e))
 
 
 def _text_files(path: Path) -> list[tuple[Path, str]]:

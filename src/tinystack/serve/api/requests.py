@@ -23,7 +23,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from tinystack.infer.chat import ChatTemplateError, message_text
+from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
 from tinystack.infer.llm_engine import PromptError, PromptTooLongError
 from tinystack.infer.sampler import SamplingParams
 from tinystack.serve.api.errors import ApiError
@@ -51,8 +51,9 @@ def _param(name: str, message: str, status: int = 400, code: str = "invalid_valu
 
 
 def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int = 1, stop: Any = None,
-            timeout: float | None = None, **sampling: Any) -> Prepared:
-    """Apply the config-dependent limits; `sampling` are SamplingParams fields."""
+            timeout: float | None = None, prompt_ids: list[int] | None = None, **sampling: Any) -> Prepared:
+    """Apply the config-dependent limits; `sampling` are SamplingParams fields; `prompt_ids`: the
+    prompt already tokenized (a chat prompt, see infer.chat.encode_chat)."""
     cfg, adapter = state.cfg, state.adapter
     if len(prompt) > cfg.max_prompt_chars:
         raise _param("prompt", f"prompt is {len(prompt)} characters; the limit is {cfg.max_prompt_chars}", 413,
@@ -62,8 +63,8 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())  # up to 4 non-empty: the schema's rule
     if max_tokens is not None and max_tokens > cfg.max_tokens_limit:
         raise _param("max_tokens", f"max_tokens must be at most {cfg.max_tokens_limit}, got {max_tokens}")
-    try:
-        ids = adapter.encode(prompt)
+    try:  # a chat prompt comes tokenised (its template's special tokens parsed): the same rules apply
+        ids = adapter.encode(prompt_ids if prompt_ids is not None else prompt)
     except PromptError as e:
         raise _param("prompt", str(e), code="context_length_exceeded" if isinstance(e, PromptTooLongError)
                      else "invalid_value") from None
@@ -122,7 +123,7 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
         raise _param("messages", str(e)) from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     prep = prepare(state, prompt, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=logprobs,
-                   **_common(body))
+                   prompt_ids=encode_chat(state.adapter.tokenizer, prompt), **_common(body))
     return _streaming(prep, body)
 
 

@@ -53,9 +53,10 @@ class AsyncEngineAdapter:
         self._ended: Counter[str] = Counter()  # final outputs seen, by the engine's finish reason
 
     # ---------------------------------------------------------------- text
-    def encode(self, text: str) -> list[int]:
-        """The ids the engine will run (its prompt rules: empty -> EOS; PromptError when it can never run)."""
-        return self.llm.encode_prompt(text)
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        """The ids the engine will run for text or ids (its prompt rules: empty -> EOS; PromptError when it can
+        never run)."""
+        return self.llm.encode_prompt(prompt)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))

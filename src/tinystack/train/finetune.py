@@ -1,0 +1,179 @@
+"""Supervised fine-tuning of a pretrained model directory on conversations (`tinystack finetune`).
+
+    base model dir + conversations JSONL
+      -> finetune_data.prepare_conversations    validate (bad lines quarantined with their line number),
+                                                render with the model's chat template, dedup, split by source
+      -> finetune_batches.encode_conversation   tokens as the server tokenizes the prompt, loss mask on the
+                                                assistant tokens (too long / unstable ones quarantined too)
+      -> loop.train_model                       the pretraining loop itself: AdamW, warmup + cosine, clipping,
+                                                accumulation, bf16, checkpoints and --resume, DDP; the model
+                                                factory loads the base and, with lora_rank > 0, injects LoRA
+                                                adapters (lora.py) so only they train
+      -> lora.merge_lora + checkpoint.save_model_dir   an ordinary model directory (with the base's tokenizer
+                                                files and chat template), so inference, serving and
+                                                `eval regress` read it like any other
+      -> held-out comparison                    mean loss per assistant token on the val split, base vs
+                                                fine-tuned, printed and written to report.json
+
+Beside OUT, in OUT_finetune/: train.jsonl and val.jsonl (the prepared conversations),
+rejected.jsonl, log.jsonl (+ loss.png), checkpoints/, report.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tinystack.atomic import read_json, write_json
+from tinystack.config import Config, FinetuneConfig, TrainConfig
+
+# tokenizer and chat files a model directory may carry; the fine-tuned directory keeps the base's
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "generation_config.json")
+
+
+def train_config(cfg: Config) -> TrainConfig:
+    """[train] (betas, clipping, seed, dtype, compile, threads) with the step settings of [finetune]."""
+    ft = cfg.finetune
+    return dataclasses.replace(cfg.train, max_iters=ft.max_iters, batch_size=ft.batch_size,
+                               grad_accum_steps=ft.grad_accum_steps, learning_rate=ft.learning_rate,
+                               min_lr=ft.min_lr, warmup_iters=ft.warmup_iters, weight_decay=ft.weight_decay,
+                               eval_interval=ft.eval_interval, ckpt_interval=ft.ckpt_interval)
+
+
+def build_model(base_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
+    """The base model in float32, with LoRA adapters (the rest frozen) when ft.lora_rank > 0."""
+    from tinystack.model.io import load_model
+    from tinystack.train.lora import inject_lora
+
+    model = load_model(base_dir)
+    if ft.lora_rank > 0:
+        inject_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_targets, ft.lora_dropout)
+    return model
+
+
+class TokenizerFiles:
+    """The base directory's tokenizer and chat files, as `save_model_dir` wants a tokenizer: `.save(dir)`."""
+
+    def __init__(self, base_dir: Path, eos_token_id: int | None) -> None:
+        self.base_dir, self.eos_token_id = base_dir, eos_token_id
+
+    def save(self, out_dir: Path) -> None:
+        for name in TOKENIZER_FILES:
+            if (self.base_dir / name).is_file():
+                shutil.copyfile(self.base_dir / name, Path(out_dir) / name)
+
+
+def _context(base_dir: Path) -> int:
+    hf = read_json(base_dir / "config.json")  # GPT-2 calls it n_positions, the Llama family max_position_embeddings
+    return int(hf.get("n_positions") or hf.get("max_position_embeddings") or 1024)
+
+
+def encode_split(records: list[Any], formatter: Any, tokenizer: Any, max_len: int, rejects: Any) -> list[Any]:
+    """Examples of the records; the ones that cannot be encoded go to `rejects` with their line."""
+    import json
+
+    from tinystack.train.finetune_batches import encode_conversation
+
+    out = []
+    for r in records:
+        ex = encode_conversation(r.extra["messages"], formatter, tokenizer, max_len)
+        if isinstance(ex, str):
+            file, line = r.origin or ("<unknown>", 0)
+            detail = f"longer than {max_len} tokens" if ex == "too_long" else "the template does not split by turns"
+            rejects.add(file, line, ex, json.dumps(r.extra["messages"], ensure_ascii=False), detail)
+        else:
+            out.append(ex)
+    return out
+
+
+def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, cfg: Config, *,
+             resume: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Fine-tune `base_dir` on `data_path`, write the model directory `out_dir`; returns the report."""
+    from tinystack.data.io.records import write_jsonl
+    from tinystack.data.io.rejects import Rejects
+    from tinystack.infer.chat import chat_formatter
+    from tinystack.tokenizer import load_tokenizer
+    from tinystack.model.io import read_lineage
+    from tinystack.pipeline import console, file_sha256
+    from tinystack.train.checkpoint import save_model_dir
+    from tinystack.train.distributed import is_main_process
+    from tinystack.train.finetune_batches import ConversationBatches, fixed_batches
+    from tinystack.train.finetune_data import prepare_conversations
+    from tinystack.train.loop import train_model
+    from tinystack.train.lora import merge_lora
+
+    base_dir, out_dir, ft = Path(base_dir), Path(out_dir), cfg.finetune
+    if not (base_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{base_dir}: not a model directory (no config.json)")
+    if ft.lora_rank < 0:
+        raise ValueError(f"finetune.lora_rank must be >= 0, got {ft.lora_rank}")
+    work = out_dir.with_name(f"{out_dir.name}_finetune")
+    tok = load_tokenizer(base_dir)
+    formatter = chat_formatter(base_dir, tok)
+    max_len = min(ft.max_seq_len or _context(base_dir), _context(base_dir))
+    rejects = Rejects()
+    prep = prepare_conversations(data_path, formatter, cfg.data, ft.val_fraction, rejects)
+    train_ex = encode_split(prep.train, formatter, tok, max_len, rejects)
+    val_ex = encode_split(prep.val, formatter, tok, max_len, rejects)
+    if not train_ex:
+        raise ValueError(f"{data_path}: no training conversation fits in {max_len} tokens")
+    main = is_main_process()
+    if main:
+        work.mkdir(parents=True, exist_ok=True)
+        write_jsonl(work / "train.jsonl", prep.train)
+        write_jsonl(work / "val.jsonl", prep.val)
+        rejects.write(work / "rejected.jsonl")
+    console.print(f"finetune: {len(train_ex)} train / {len(val_ex)} held-out conversations, {rejects.total} "
+                  f"rejected ({', '.join(f'{k} {v}' for k, v in sorted(rejects.counts.items())) or 'none'})")
+    pad = tok.eos_token_id if tok.eos_token_id is not None else 0
+    tcfg = train_config(cfg)
+    val_batches = fixed_batches(val_ex, ft.batch_size, pad) if val_ex else None
+    model, result = train_model(lambda: build_model(base_dir, ft), ConversationBatches(train_ex, tcfg.seed, pad),
+                                val_batches, tcfg, device=cfg.run.device, log_path=work / "log.jsonl" if main else None,
+                                progress=progress, ckpt_dir=work / "checkpoints", resume=resume, label="finetune")
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    model = merge_lora(model).float().eval()
+    report: dict[str, Any] = {
+        "base_model": str(base_dir), "data": {"file": str(data_path), "sha256": file_sha256(data_path),
+                                              **prep.summary(rejects)},
+        "method": f"lora r={ft.lora_rank}" if ft.lora_rank > 0 else "full", "trainable_params": trainable,
+        "result": result.to_dict(), "heldout": heldout_comparison(model, base_dir, val_batches, tcfg.dtype,
+                                                                  cfg.run.device, len(val_ex))}
+    if not main:
+        return report
+    lineage = {**read_lineage(base_dir), "finetune": {**report, "config": dataclasses.asdict(ft),
+                                                      "train": dataclasses.asdict(tcfg)}}
+    save_model_dir(model, TokenizerFiles(base_dir, tok.eos_token_id), out_dir, lineage)
+    write_json(work / "report.json", report)
+    if tcfg.plot:
+        from tinystack.train.plot import plot_loss_curve
+
+        plot_loss_curve(work / "log.jsonl", work / "loss.png", title=f"{out_dir.name}: fine-tuning loss")
+    console.print(f"finetune[{report['method']}]: {trainable:,} trainable parameters, {result.steps} steps in "
+                  f"{result.wall_s:.1f}s, {result.tokens_per_s:,.0f} tokens/s -> {out_dir}")
+    h = report["heldout"]
+    if h["conversations"]:
+        console.print(f"held-out ({h['conversations']} conversations, {h['assistant_tokens']} assistant tokens): "
+                      f"base {h['base_loss']:.3f} -> fine-tuned {h['finetuned_loss']:.3f} nats/token "
+                      f"({h['delta']:+.3f})")
+    else:
+        console.print("held-out: none (every source went to train; more sources or finetune.val_fraction)")
+    return report
+
+
+def heldout_comparison(model: torch.nn.Module, base_dir: Path, val_batches: Any, dtype: str, device: str,
+                       n: int) -> dict[str, Any]:
+    """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches."""
+    from tinystack.model.io import load_model
+    from tinystack.train.loop import batches_loss
+
+    if not val_batches:
+        return {"conversations": 0, "assistant_tokens": 0, "base_loss": None, "finetuned_loss": None, "delta": None}
+    tuned, count = batches_loss(model, val_batches, dtype, device)
+    base, _ = batches_loss(load_model(base_dir, device=device), val_batches, dtype, device)
+    return {"conversations": n, "assistant_tokens": count, "base_loss": base, "finetuned_loss": tuned,
+            "delta": tuned - base}

@@ -1,0 +1,54 @@
+"""Chat prompts (infer/chat.py): templates from chat_template.jinja, rendering without the generation
+prompt, and the template's special-token text encoded as the special tokens (a plain prompt keeps them text)."""
+import json
+
+import pytest
+
+from tinystack.infer.chat import ChatFormatter, chat_formatter, encode_chat, load_chat_template
+from tinystack.tokenizer import load_tokenizer
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    d = tmp_path_factory.mktemp("chat")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(["hello there, how are you today? user assistant system"] * 20, trainers.BpeTrainer(
+        vocab_size=120, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(d / "tokenizer.json"))
+    (d / "config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (d / "chat_template.jinja").write_text(CHATML)
+    return d
+
+
+def test_template_file_wins_over_tokenizer_config(chat_dir, tmp_path):
+    assert load_chat_template(chat_dir) == CHATML
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'old' }}"}))
+    assert load_chat_template(tmp_path) == "{{ 'old' }}"
+    (tmp_path / "chat_template.jinja").write_text("{{ 'new' }}")
+    assert load_chat_template(tmp_path) == "{{ 'new' }}"
+
+
+def test_render_with_and_without_the_generation_prompt(chat_dir):
+    fmt = chat_formatter(chat_dir, load_tokenizer(chat_dir))
+    msgs = [{"role": "user", "content": "hello"}]
+    assert fmt.render(msgs) == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert fmt.render(msgs, add_generation_prompt=False) == "<|im_start|>user\nhello<|im_end|>\n"
+    assert ChatFormatter(None).render(msgs, add_generation_prompt=False) == "user: hello\n"
+
+
+def test_template_special_tokens_become_special_ids(chat_dir):
+    tok = load_tokenizer(chat_dir)
+    prompt = chat_formatter(chat_dir, tok).render([{"role": "user", "content": "hello"}])
+    ids = encode_chat(tok, prompt)
+    assert ids[0] == 1 and ids.count(1) == 2 and ids.count(2) == 1  # <|im_start|> x2, <|im_end|> x1
+    assert tok.decode(ids) == "user\nhello\nassistant\n"
+    plain = tok.encode_ordinary(prompt)  # a completion prompt: the same characters stay text
+    assert 1 not in plain and 2 not in plain and len(plain) > len(ids)
+    assert tok.encode_ordinary(prompt) == plain  # the chat encoder did not change the plain one

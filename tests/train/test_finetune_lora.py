@@ -1,0 +1,137 @@
+"""LoRA (train/lora.py): a fresh adapter changes nothing, merging gives the adapted model's logits, the base
+stays frozen, only adapters reach the optimiser, and the merged model saves as an ordinary model directory."""
+import pytest
+import torch
+from train_helpers import cfg
+
+from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, load_model, save_model
+from tinystack.train.loop import make_optimizer
+from tinystack.train.lora import LoRALinear, inject_lora, lora_parameters, merge_lora
+
+VOCAB = 53
+
+
+def _model(kind):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        return GPT(GPTConfig(vocab_size=VOCAB, block_size=24, n_layer=2, n_head=2, n_embd=16)).eval()
+    return Llama(LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=40, n_layer=2, n_head=4, n_kv_head=2,
+                             max_position_embeddings=24, tie_word_embeddings=kind == "llama-tied")).eval()
+
+
+def _tokens(seed=1):
+    return torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(seed))
+
+
+def _randomise_b(model, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, LoRALinear):
+                m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.5)
+
+
+KINDS = ["gpt2", "llama", "llama-tied"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fresh_adapters_change_nothing(kind):
+    model, x = _model(kind), _tokens()
+    before = model(x)[0]
+    names = inject_lora(model, rank=4, alpha=8)
+    assert names and all(isinstance(model.get_submodule(n), LoRALinear) for n in names)
+    assert torch.equal(model(x)[0], before)  # B = 0: the update is exactly zero
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_merged_model_gives_the_adapted_logits(kind, tmp_path):
+    model, x = _model(kind), _tokens()
+    base = model(x)[0]
+    inject_lora(model, rank=4, alpha=8)
+    _randomise_b(model)
+    with torch.no_grad():
+        adapted = model(x)[0]
+        assert (adapted - base).abs().max() > 1e-2  # the adapters do something, so the comparison means something
+        merged = merge_lora(model)(x)[0]
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+    assert torch.allclose(merged, adapted, atol=1e-5, rtol=0)
+    save_model(model, tmp_path, eos_token_id=0)  # an ordinary directory: the plain loader reads it
+    with torch.no_grad():
+        assert torch.allclose(load_model(tmp_path)(x)[0], adapted, atol=1e-5, rtol=0)
+
+
+def test_targets_select_layers_and_the_rest_is_frozen():
+    model = _model("llama")
+    names = inject_lora(model, rank=2, alpha=2, targets=["q_proj", "v_proj"])
+    assert sorted(names) == sorted(f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("q_proj", "v_proj"))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {f"{n}.lora_{ab}" for n in names for ab in "AB"}
+    gpt = _model("gpt2")
+    assert len(inject_lora(gpt, rank=2, alpha=2)) == 2 * 4  # c_attn, attn.c_proj, c_fc, mlp.c_proj per block
+    with pytest.raises(ValueError, match="no linear layer matches LoRA targets"):
+        inject_lora(_model("llama"), rank=2, alpha=2, targets=["c_attn"])
+    with pytest.raises(ValueError, match="rank must be positive"):
+        inject_lora(_model("llama"), rank=0, alpha=2)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_training_moves_adapters_only(kind):
+    model, x = _model(kind), _tokens()
+    inject_lora(model, rank=4, alpha=8)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    opt = make_optimizer(model, cfg(learning_rate=1e-2, weight_decay=0.1))
+    in_opt = [p for g in opt.param_groups for p in g["params"]]
+    assert {id(p) for p in in_opt} == {id(p) for p in lora_parameters(model)}
+    model.train()
+    for _ in range(3):
+        logits, _ = model(x[:, :-1])
+        torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if not p.requires_grad)
+    assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    assert all((m.lora_B != 0).any() for m in model.modules() if isinstance(m, LoRALinear))
+    state = sum(t.numel() for s in opt.state.values() for t in s.values() if t.dim() > 0)
+    assert state == 2 * sum(p.numel() for p in lora_parameters(model))  # exp_avg + exp_avg_sq, adapters only
+
+
+def test_adapter_init_and_scale():
+    lin = torch.nn.Linear(12, 7)
+    torch.manual_seed(0)
+    lora = LoRALinear(lin, rank=3, alpha=6)
+    assert lora.scale == 2.0 and lora.lora_A.shape == (3, 12) and lora.lora_B.shape == (7, 3)
+    assert torch.count_nonzero(lora.lora_B) == 0 and lora.lora_A.std() > 0
+    bound = 1 / 12 ** 0.5  # kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)), nn.Linear's own
+    assert lora.lora_A.abs().max() <= bound
+    with torch.no_grad():
+        lora.lora_B.fill_(0.1)
+    x = torch.randn(5, 12)
+    expected = lin(x) + 2.0 * (x @ lora.lora_A.t() @ lora.lora_B.t())
+    assert torch.allclose(lora(x), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_hand_written_backward_equals_autograd(bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 5, bias=bias).double()
+    lora = LoRALinear(lin, rank=3, alpha=4.5)
+    with torch.no_grad():
+        lora.lora_B.normal_()
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, a, b: _with(lora, a, b)(x), (x, lora.lora_A, lora.lora_B))
+    g = torch.randn(2, 4, 5, dtype=torch.float64)
+    grads = []
+    for path in ("hand", "autograd"):
+        lora.dropout = torch.nn.Identity() if path == "hand" else torch.nn.Dropout(0.0)  # Dropout -> plain path
+        x.grad = lora.lora_A.grad = lora.lora_B.grad = None
+        y = lora(x)
+        y.backward(g)
+        grads.append((y.detach(), x.grad, lora.lora_A.grad, lora.lora_B.grad))
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(*grads))
+
+
+def _with(lora, a, b):
+    """The layer as a function of its adapter matrices (for gradcheck)."""
+    def f(x):
+        return torch.func.functional_call(lora, {"lora_A": a, "lora_B": b}, (x,))
+    return f

