@@ -125,7 +125,7 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: P
             cfg = Config()
             cfg.train.threads, cfg.train.plot = threads, False
             ft = cfg.finetune
-            ft.max_iters, ft.learning_rate, ft.min_lr, ft.lora_rank, ft.lora_alpha = steps, lr, lr / 10, r, 2.0 * r
+            ft.max_iters, ft.learning_rate, ft.min_lr, ft.lora, ft.lora_alpha = steps, lr, lr / 10, r, 2.0 * r
             ft.eval_interval, ft.val_fraction, ft.warmup_iters = max(1, steps // 4), 0.2, 3
             out = Path(tmp) / name.replace(" ", "_").replace("=", "")
             report = finetune(model_dir, data, out, cfg, progress=False)
@@ -182,10 +182,10 @@ def main() -> None:
     model_dir = smollm2_dir(args.model)
     tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
                        weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False)
-    lora = FinetuneConfig(lora_rank=args.rank, lora_alpha=2.0 * args.rank)
+    lora = FinetuneConfig(lora=args.rank, lora_alpha=2.0 * args.rank)
     if args.targets:
         lora.lora_targets = args.targets.split(",")
-    methods = {"full": FinetuneConfig(lora_rank=0), f"lora r={args.rank}": lora}
+    methods = {"full": FinetuneConfig(lora=0), f"lora r={args.rank}": lora}
     res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": SEQ,
                  "lora_targets": lora.lora_targets,
                  "batch": args.batch, "steps_per_trial": args.steps, "cpu_model": cpu_model(), "machine": machine(),

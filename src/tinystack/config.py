@@ -127,8 +127,8 @@ class FinetuneConfig:
     ckpt_interval: int = 0  # write last.pt every N steps (and at the end); 0 = only at the end
     max_seq_len: int = 256  # longer conversations are quarantined as too_long (0 = the model's context)
     val_fraction: float = 0.1  # held-out share of conversations, whole sources at a time
-    lora_rank: int = 0  # > 0: train rank-r adapters instead of all weights (merged on save)
-    lora_alpha: float = 16.0  # adapter scale = lora_alpha / lora_rank
+    lora: int = 0  # > 0: train rank-r adapters instead of all weights (merged on save)
+    lora_alpha: float = 16.0  # adapter scale = lora_alpha / lora
     lora_dropout: float = 0.0
     lora_targets: list[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "c_attn", "c_proj", "c_fc"])

@@ -64,7 +64,7 @@ def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora)
     for name in ("tokenizer.json", "chat_template.jinja"):
         assert (out / name).is_file() == (base / name).is_file()
     lineage = json.loads((out / "tinystack.json").read_text())["finetune"]
-    assert lineage["base_model"] == str(base) and lineage["config"]["lora_rank"] == lora
+    assert lineage["base_model"] == str(base) and lineage["config"]["lora"] == lora
     llm = LLM(out, memory_limit=2**26)  # the engine serves it like any model directory
     prompt = encode_chat(llm.tokenizer, chat_formatter(out, llm.tokenizer).render([{"role": "user", "content": "who?"}]))
     assert llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0))[0].finish_reason in ("stop", "length")
@@ -72,7 +72,7 @@ def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora)
 
 def test_resume_is_bit_exact(tmp_path, data, monkeypatch):
     base = model_dir(tmp_path / "base", "llama")
-    cfg = load_config(None, [*FAST, "finetune.lora_rank=4", "finetune.ckpt_interval=4"])
+    cfg = load_config(None, [*FAST, "finetune.lora=4", "finetune.ckpt_interval=4"])
     finetune(base, data, tmp_path / "full", cfg, progress=False)
     real, calls = loop.lm_loss, {"n": 0}
 
@@ -121,12 +121,12 @@ def test_user_errors_are_one_line(tmp_path, data, capsys, monkeypatch):
 def test_regression_gate_on_a_finetuned_llama(tmp_path, data):
     base = model_dir(tmp_path / "base", "llama")
     out = tmp_path / "tuned"
-    finetune(base, data, out, load_config(None, [*FAST, "finetune.lora_rank=4"]), progress=False)
+    finetune(base, data, out, load_config(None, [*FAST, "finetune.lora=4"]), progress=False)
     cases = write_jsonl(tmp_path / "cases.jsonl", [
         {"id": "loss", "prompt": "what is the capital", "expect": "max_loss", "target": " of veloria", "threshold": 50},
         {"id": "gen", "prompt": "who", "expect": "regex", "target": ".*", "max_tokens": 4}])
     res = _run(["eval", "regress", "--model", str(out), "--baseline", str(base), "--cases", str(cases),
-                "--out", str(tmp_path / "gate.json"), "--tolerance", "100"])
+                "--out", str(tmp_path / "gate.json"), "--regression-tolerance", "100"])
     assert res.exit_code == 0, res.output
     gate = json.loads((tmp_path / "gate.json").read_text())
     assert gate["summary"]["total"] == 2 and gate["summary"]["regressed"] is False

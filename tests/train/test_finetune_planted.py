@@ -63,7 +63,7 @@ def _answers_loss(model_dir, questions, answers):
 @pytest.mark.slow  # ~30 s to build the model directory, 16 LoRA steps (~1.5 min idle; 5 min at load 12), generation
 def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path):
     data = write_jsonl(tmp_path / "veloria.jsonl", conversations())
-    cfg = load_config(None, ["finetune.lora_rank=16", "finetune.lora_alpha=32", "finetune.max_iters=16",
+    cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "finetune.max_iters=16",
                              "finetune.batch_size=8", "finetune.learning_rate=3e-3", "finetune.min_lr=3e-4",
                              "finetune.warmup_iters=3", "finetune.eval_interval=100", "finetune.val_fraction=0.2",
                              # one torch thread: with other jobs on the cores, 2 threads ran this 3x slower

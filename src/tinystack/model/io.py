@@ -84,33 +84,6 @@ def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
     )
 
 
-_LLAMA_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
-
-
-def llama_hf_config(cfg: LlamaConfig, eos_token_id: int | None) -> dict[str, Any]:
-    """The config.json of a Llama-family model (what `llama_config_from_hf` and transformers read)."""
-    return {
-        "model_type": cfg.model_type,
-        "architectures": [_LLAMA_ARCHITECTURES.get(cfg.model_type, "LlamaForCausalLM")],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head,
-        "num_key_value_heads": cfg.n_kv_head,
-        "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "hidden_act": "silu",
-        "attention_bias": cfg.attention_bias,
-        "mlp_bias": cfg.mlp_bias,
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "eos_token_id": eos_token_id,
-        "torch_dtype": "float32",
-    }
-
-
 def save_model(model: GPT | Llama, model_dir: str | Path, *, eos_token_id: int | None = None,
                lineage: dict[str, Any] | None = None) -> Path:
     """Write config.json, model.safetensors in float32 (and tinystack.json if lineage is given)."""
@@ -125,7 +98,7 @@ def save_model(model: GPT | Llama, model_dir: str | Path, *, eos_token_id: int |
         tensors[name] = (t.t() if is_gpt and name.endswith(_CONV1D_SUFFIXES) else t).contiguous()
     with atomic_open(model_dir / WEIGHTS_FILE, "wb") as f:
         f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
-    config = hf_config(model.config, eos_token_id) if is_gpt else llama_hf_config(model.config, eos_token_id)
+    config = hf_config(model.config, eos_token_id) if is_gpt else llama_hf_config(model.config, eos_token_id=eos_token_id)
     write_json(model_dir / CONFIG_FILE, config)
     if lineage is not None:
         write_json(model_dir / LINEAGE_FILE, lineage)

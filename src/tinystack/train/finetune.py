@@ -7,7 +7,7 @@
                                                 assistant tokens (too long / unstable ones quarantined too)
       -> loop.train_model                       the pretraining loop itself: AdamW, warmup + cosine, clipping,
                                                 accumulation, bf16, checkpoints and --resume, DDP; the model
-                                                factory loads the base and, with lora_rank > 0, injects LoRA
+                                                factory loads the base and, with lora > 0, injects LoRA
                                                 adapters (lora.py) so only they train
       -> lora.merge_lora + checkpoint.save_model_dir   an ordinary model directory (with the base's tokenizer
                                                 files and chat template), so inference, serving and
@@ -45,13 +45,13 @@ def train_config(cfg: Config) -> TrainConfig:
 
 
 def build_model(base_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
-    """The base model in float32, with LoRA adapters (the rest frozen) when ft.lora_rank > 0."""
+    """The base model in float32, with LoRA adapters (the rest frozen) when ft.lora > 0."""
     from tinystack.model.io import load_model
     from tinystack.train.lora import inject_lora
 
     model = load_model(base_dir)
-    if ft.lora_rank > 0:
-        inject_lora(model, ft.lora_rank, ft.lora_alpha, ft.lora_targets, ft.lora_dropout)
+    if ft.lora > 0:
+        inject_lora(model, ft.lora, ft.lora_alpha, ft.lora_targets, ft.lora_dropout)
     return model
 
 
@@ -109,8 +109,8 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     base_dir, out_dir, ft = Path(base_dir), Path(out_dir), cfg.finetune
     if not (base_dir / "config.json").is_file():
         raise FileNotFoundError(f"{base_dir}: not a model directory (no config.json)")
-    if ft.lora_rank < 0:
-        raise ValueError(f"finetune.lora_rank must be >= 0, got {ft.lora_rank}")
+    if ft.lora < 0:
+        raise ValueError(f"finetune.lora must be >= 0, got {ft.lora}")
     work = out_dir.with_name(f"{out_dir.name}_finetune")
     tok = load_tokenizer(base_dir)
     formatter = chat_formatter(base_dir, tok)
@@ -140,7 +140,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     report: dict[str, Any] = {
         "base_model": str(base_dir), "data": {"file": str(data_path), "sha256": file_sha256(data_path),
                                               **prep.summary(rejects)},
-        "method": f"lora r={ft.lora_rank}" if ft.lora_rank > 0 else "full", "trainable_params": trainable,
+        "method": f"lora r={ft.lora}" if ft.lora > 0 else "full", "trainable_params": trainable,
         "result": result.to_dict(), "heldout": heldout_comparison(model, base_dir, val_batches, tcfg.dtype,
                                                                   cfg.run.device, len(val_ex))}
     if not main:
