@@ -230,6 +230,13 @@ class RunConfig:
     )
     demo_max_tokens: int = 40
     demo_port: int = 0  # 0 = pick a free port
+    pretrained: str = "smollm2-135m-instruct"  # imported and served beside the trained model ("" = none)
+    chat_questions: list[str] = field(default_factory=lambda: [
+        "What is the capital of France?",
+        "Name three primary colors.",
+        "Write a Python function that returns the square of a number.",
+    ])
+    chat_max_tokens: int = 64
     registry: str = "runs/registry"  # the model registry `tinystack run` gates against and promotes into
     name: str = "tinystack"  # the registry name this pipeline's models are promoted under
 

@@ -8,6 +8,8 @@
                                                                        by side with the registry's current model)
                   -> report.md + report.html                          (eval: report)
                   -> a server on 127.0.0.1 answering a few requests   (serve + observe)
+    [run] pretrained -> pretrained/ (imported model directory)        (model: import)
+                  -> the same server on it answering chat questions   (serve: /v1/chat/completions)
 
 Each stage has a key: a hash of its config section and of what it reads (the
 previous stage's output hash). `stages.json` remembers the key each stage last
@@ -31,8 +33,9 @@ from tinystack.eval.promotion import NotPromoted, promote_if_better
 from tinystack.eval.registry import ModelRegistry
 from tinystack.eval.regression import load_cases
 from tinystack.eval.stage import stage_eval, stage_regression, stage_report
+from tinystack.model.stage import pretrained_key, stage_import
 from tinystack.progress import console
-from tinystack.serve.stage import stage_demo
+from tinystack.serve.stage import stage_chat_demo, stage_demo
 from tinystack.tokenizer.stage import stage_tokenizer
 from tinystack.train.stage import stage_train
 
@@ -123,6 +126,12 @@ def run_pipeline(cfg: Config, workdir: Path, serve_demo: bool = True, promote: b
             console.print(f"[red]{e}[/red]")
     if serve_demo:
         summary["demo"] = stage_demo(cfg, model_dir, workdir / "logs" / "requests.jsonl")
+    pretrained_dir = workdir / "pretrained"
+    if serve_demo and cfg.run.pretrained and (source_key := pretrained_key(cfg.run.pretrained)) is not None:
+        summary["pretrained"] = cache.run("pretrained", _key(cfg.run.pretrained, source_key),
+                                          [pretrained_dir / "model.safetensors", pretrained_dir / "tinystack.json"],
+                                          lambda: stage_import(cfg, pretrained_dir))
+        summary["chat_demo"] = stage_chat_demo(cfg, pretrained_dir, workdir / "logs" / "chat_requests.jsonl")
     console.print(f"\n[bold]done.[/bold] everything is in {workdir}/: data/ (splits + manifest.json), tokenizer/, "
                   f"model/ (model directory), train_log.jsonl, eval.json, regression.jsonl/.json, report.md/.html, "
                   f"logs/requests.jsonl, stages.json")

@@ -19,14 +19,21 @@ from tinystack.config import Config
 
 @config_command("infer", "run.device")
 def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model directory.")],
-             prompt: Annotated[str, typer.Option(help="Prompt text.")],
+             prompt: Annotated[str | None, typer.Option(help="Prompt text to continue.")] = None,
+             chat: Annotated[str | None, typer.Option(help="A question for a chat model: the model's chat "
+                                                           "template turns it into the prompt.")] = None,
+             system: Annotated[str | None, typer.Option(help="With --chat: a system message.")] = None,
              max_tokens: int = 64, temperature: float = 0.8, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
              seed: int | None = None,
              stop: Annotated[list[str] | None, typer.Option(help="Stop string (repeatable).")] = None,
              repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              ignore_eos: bool = False) -> None:
-    """Generate a continuation, streaming it to the terminal."""
+    """Generate a continuation of --prompt, or the answer to --chat, streaming it to the terminal."""
     from tinystack.infer import AdmissionError, LLMEngine, PromptError, SamplingParams, load_for_inference
+    from tinystack.infer.chat import ChatTemplateError, chat_formatter, encode_chat
+
+    if (prompt is None) == (chat is None):
+        raise typer.BadParameter("give exactly one of --prompt and --chat")
 
     m, tok = load_for_inference(model, device=cfg.run.device, **cfg.infer.load_kwargs())
     kwargs = {**cfg.infer.engine_kwargs(), "max_num_seqs": 1}  # one prompt: the budget plans for one sequence
@@ -35,12 +42,20 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
                             seed=seed, stop=tuple(stop or ()), repetition_penalty=repetition_penalty,
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             ignore_eos=ignore_eos)
+    request: str | list[int] = prompt or ""
+    if chat is not None:  # the same rendering and tokenisation as /v1/chat/completions and fine-tuning
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": chat}]
+        try:
+            request = encode_chat(tok, chat_formatter(model, tok).render(messages))
+        except ChatTemplateError as e:
+            raise typer.BadParameter(str(e), param_hint="--chat") from None
     try:
-        engine.add_request("cli", prompt, params)  # the engine's prompt rules: empty -> EOS, context check
+        engine.add_request("cli", request, params)  # the engine's prompt rules: empty -> EOS, context check
     except (PromptError, AdmissionError) as e:
-        raise typer.BadParameter(str(e), param_hint="--prompt") from None
-    sys.stdout.write(prompt)
-    sys.stdout.flush()
+        raise typer.BadParameter(str(e), param_hint="--chat" if chat is not None else "--prompt") from None
+    if prompt is not None:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
     out = None
     while engine.has_unfinished():
         for d in engine.step():

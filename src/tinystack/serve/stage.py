@@ -46,3 +46,49 @@ def stage_demo(cfg: Config, model_dir: Path, log_path: Path) -> list[dict[str, A
                       f"{t['total_ms']:.1f}")
     console.print(table)
     return answers
+
+
+def stage_chat_demo(cfg: Config, model_dir: Path, log_path: Path) -> list[dict[str, Any]]:
+    """Serve a pretrained chat model (`[run] pretrained`, imported by the model stage) on 127.0.0.1, ask it
+    `[run] chat_questions` through /v1/chat/completions (greedy) and print its answers with the latency
+    breakdown from the response's timing headers (seconds)."""
+    from dataclasses import replace
+
+    import httpx
+
+    from tinystack.observe import setup_request_log
+    from tinystack.serve import create_app, run_in_background
+    from tinystack.serve.engine.adapter import load_engine
+
+    name = cfg.run.pretrained.replace("/", "_")
+    engine = load_engine(model_dir, cfg.infer, cfg.run.device)
+    scfg = replace(cfg.serve, model_name=name, timeout_s=max(cfg.serve.timeout_s, 120.0))  # a real model on CPU
+    request_log = setup_request_log(log_path)
+    answers = []
+    try:
+        with run_in_background(create_app(engine, scfg, request_log=request_log, model_dir=model_dir)) as url:
+            console.print(f"serve: {name} up at {url}")
+            with httpx.Client(base_url=url, timeout=scfg.timeout_s + 5) as client:
+                for question in cfg.run.chat_questions:
+                    resp = client.post("/v1/chat/completions", json={
+                        "model": name, "messages": [{"role": "user", "content": question}],
+                        "max_tokens": cfg.run.chat_max_tokens, "temperature": 0})
+                    resp.raise_for_status()
+                    body, h = resp.json(), resp.headers
+                    answers.append({"question": question, "answer": body["choices"][0]["message"]["content"],
+                                    "finish_reason": body["choices"][0]["finish_reason"],
+                                    "tokens": body["usage"]["completion_tokens"],
+                                    **{k: float(h[f"x-{k.replace('_', '-')}"]) * 1e3
+                                       for k in ("queue_time", "time_to_first_token", "total_time")}})
+    finally:
+        request_log.close()
+        engine.shutdown()
+    table = Table(title=f"{name}: chat requests (POST /v1/chat/completions, greedy)")
+    for col in ("question -> answer", "tokens", "queue ms", "TTFT ms", "total ms"):
+        table.add_column(col)
+    for a in answers:
+        text = (a["question"] + " -> [bold]" + a["answer"].strip().replace("[", r"\[") + "[/bold]").replace("\n", " ")
+        table.add_row(text, str(a["tokens"]), f"{a['queue_time']:.1f}", f"{a['time_to_first_token']:.1f}",
+                      f"{a['total_time']:.1f}")
+    console.print(table)
+    return answers

