@@ -18,7 +18,7 @@ PER_CALL = {
     "no_serve", "progress", "format", "resume", "ckpt_dir", "metric_tolerance", "max_tokens", "temperature", "top_k",
     "top_p", "min_p", "seed", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos",
     "prompt_tokens", "new_tokens", "url", "concurrency", "requests", "rate", "max_seconds", "api_key", "plot",
-    "as_json", "key", "no_promote", "baseline", "version",
+    "as_json", "key", "no_promote", "baseline", "version", "chat", "system",
 }
 SHADOWING = {"seed": "generate's sampling seed, not train.seed", "plot": "bench serve's PNG path, not train.plot"}
 SECTIONS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in typing.get_type_hints(Config).items()}
