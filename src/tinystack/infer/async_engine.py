@@ -69,7 +69,7 @@ class AsyncEngine:
         self._thread.start()
 
     @classmethod
-    def from_dir(cls, model_dir, *, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
+    def from_dir(cls, model_dir, *, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
                  quantize: str | None = None, **engine_kwargs) -> "AsyncEngine":
         from tinystack.infer.llm import load_for_inference
 

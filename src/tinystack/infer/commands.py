@@ -17,9 +17,9 @@ def generate(model: Annotated[Path, typer.Option(help="Model directory.")],
              repetition_penalty: float = 1.0, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
              ignore_eos: bool = False,
              backend: Annotated[str, typer.Option(help="torch | numpy")] = "torch",
-             dtype: Annotated[str, typer.Option(help="float32 | bfloat16")] = "float32",
+             dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16")] = "auto",
              kv_cache: Annotated[str, typer.Option(help="paged | contiguous")] = "paged",
-             quantize: Annotated[Optional[str], typer.Option(help="int8: weight-only INT8 linear layers")] = None) -> None:
+             quantize: Annotated[Optional[str], typer.Option(help="bf16 | q8_0 (int8) | q4_0 | q4_1 weights")] = None) -> None:
     """Generate a continuation, streaming it to the terminal."""
     from tinystack.infer import LLMEngine, SamplingParams, load_for_inference
 
