@@ -158,8 +158,8 @@ class InferConfig:
     """The inference engine (tinystack.infer.LLMEngine); `engine_kwargs()` turns it into LLM/AsyncEngine kwargs."""
 
     backend: str = "torch"  # "torch" | "numpy" (the NumPy GPT, reference only)
-    dtype: str = "auto"  # "auto" (CPU: the fastest weight format within perplexity bounds, measured) | "float32" | "bfloat16"
-    quantize: str = ""  # linear weights: "" | "bf16" | "q8_0" ("int8") | "q4_0" | "q4_1" (infer/quant; overrides auto)
+    dtype: str = "auto"  # "auto" (CPU: the fastest weight format within perplexity bounds, measured) | "float32" | ...
+    quantize: str = ""  # linear weights: "" | "bf16" | "q8_0" ("int8") | "q4_0" | "q4_1" (infer/quant; beats auto)
     kv_cache: str = "paged"  # "paged" | "contiguous"
     scheduler: str = "continuous"  # "continuous" | "dynamic"
     block_size: int = 16  # tokens per KV block (paged)

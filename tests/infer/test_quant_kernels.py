@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from tinystack.infer.quant import kernels
-from tinystack.infer.quant.formats import FORMATS, dequantize, from_gguf, quantize, to_gguf
+from tinystack.infer.quant.formats import (
+    FORMATS,
+    dequantize,
+    dequantize_torch,
+    from_gguf,
+    quantize,
+    quantize_torch,
+    to_gguf,
+)
 from tinystack.infer.quant.linear import QuantEmbedding, QuantLinear, head_format, quantize_model
 
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
@@ -28,11 +36,21 @@ def test_block_layout_is_gguf_byte_for_byte(fmt):
     qtype = getattr(gguf.GGMLQuantizationType, fmt.upper())
     w = weights(7, 96)
     want = gguf.quants.quantize(w.numpy(), qtype)
-    ours = quantize(w, fmt)
-    assert np.array_equal(to_gguf(ours).numpy(), want)
+    for ours in (quantize(w, fmt), quantize_torch(w, fmt)):  # the C++ packer (where built) and the torch one
+        assert np.array_equal(to_gguf(ours).numpy(), want)
     back = from_gguf(torch.from_numpy(want.copy()), fmt, 96)  # loading GGUF data needs no re-quantising
-    assert torch.equal(dequantize(back), dequantize(ours))
-    assert np.array_equal(dequantize(back).numpy(), gguf.quants.dequantize(want, qtype))
+    for deq in (dequantize, dequantize_torch):
+        assert np.array_equal(deq(back).numpy(), gguf.quants.dequantize(want, qtype))
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+def test_packers_agree_on_odd_shapes(fmt):
+    for n, k in ((3, 31), (17, 577), (1, 1)):
+        w = weights(n, k, seed=k)
+        a, b = quantize(w, fmt), quantize_torch(w, fmt)
+        for x, y in ((a.qs, b.qs), (a.d, b.d), (a.m, b.m)):
+            assert (x is None and y is None) or torch.equal(x, y)
+        assert torch.equal(dequantize(a), dequantize_torch(a)) and dequantize(a).shape == (n, k)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -19,7 +19,8 @@ def generate(model: Annotated[Path, typer.Option(help="Model directory.")],
              backend: Annotated[str, typer.Option(help="torch | numpy")] = "torch",
              dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16")] = "auto",
              kv_cache: Annotated[str, typer.Option(help="paged | contiguous")] = "paged",
-             quantize: Annotated[Optional[str], typer.Option(help="bf16 | q8_0 (int8) | q4_0 | q4_1 weights")] = None) -> None:
+             quantize: Annotated[Optional[str],
+                                 typer.Option(help="bf16 | q8_0 (int8) | q4_0 | q4_1 weights")] = None) -> None:
     """Generate a continuation, streaming it to the terminal."""
     from tinystack.infer import LLMEngine, SamplingParams, load_for_inference
 

@@ -6,8 +6,9 @@
 
 It loads the model directory (model.io: ours, HF GPT-2, HF Llama family) and its
 tokenizer (infer.tokenizer), keeps the linear layers' weights in the format `dtype="auto"`
-measures fastest here or the one `quantize` names (infer.quant), builds an LLMEngine and drives it until every prompt is done. `params`
-may be one SamplingParams for all prompts or a list, one per prompt.
+measures fastest here, or the one `quantize` names (infer.quant), builds an LLMEngine and
+drives it until every prompt is done. `params` may be one SamplingParams for all prompts or a
+list, one per prompt.
 """
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ For each candidate the model is copied and quantised (linear.quantize_model), th
            most likely next token is float32's (teacher-forced greedy agreement)
 The fastest candidate whose perplexity is within PPL_BOUNDS of float32's wins (float32 itself
 always qualifies). No format is preferred by a rule: the choice follows from the measurements,
-so a machine with other caches, bandwidth or instructions may choose differently.
+so a machine with other caches, bandwidth or instructions may choose differently. Timings taken while
+other programs load the machine are noisy (the kernels run on 2 threads and wait for the slower
+one); delete the cache file, or name `dtype`/`quantize` explicitly, to override a decision.
 The decision is cached in ~/.cache/tinystack/weight_formats.json (the directory is `CACHE_DIR`),
 keyed by the model's fingerprint, the CPU (model name, family/model/stepping, flags, core
 count) and the torch version, so later loads on the same machine reuse it and another machine
@@ -40,7 +42,7 @@ from tinystack.infer.quant.linear import QuantLinear, quantize_model
 CANDIDATES = ("fp32",) + FORMATS
 PPL_BOUNDS = {"fp32": 0.0, "bf16": 0.01, "q8_0": 0.01, "q4_0": 0.05, "q4_1": 0.05}  # relative perplexity increase
 MAX_TOKENS = 256
-REPEATS = 5
+REPEATS = 7
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinystack"
 _CACHE_FILE = "weight_formats.json"
 _VERSION = 1  # bump when the measurement changes meaning: old decisions are then re-measured
@@ -62,8 +64,9 @@ class Choice:
 
     def summary(self) -> str:
         base = self.ppl["fp32"]
-        parts = [f"{f} {self.ms[f]:.3g} ms ppl {self.ppl[f] / base - 1:+.1%} top1 {self.agreement[f]:.0%}"
-                 for f in CANDIDATES if f in self.ms]
+        parts = [f"{f} {self.ms[f]:.3g} ms" + (f" ppl {self.ppl[f] / base - 1:+.1%} top1 {self.agreement[f]:.0%}"
+                                                if f in self.ppl else " (slower than the choice: not scored)")
+                 for f in sorted(self.ms, key=self.ms.__getitem__)]
         how = "cached decision" if self.cached else "measured"
         return (f"dtype=auto -> {self.format}: fastest within perplexity bounds ({how}; decode matmuls at batch 1 / "
                 f"perplexity vs fp32 / top-1 agreement over {self.tokens} tokens: {'; '.join(parts)})")
@@ -142,22 +145,33 @@ def calibration_ids(tokenizer, max_len: int) -> torch.Tensor:
     return torch.tensor(ids[:min(MAX_TOKENS, max_len)])
 
 
+def pick(ms: dict[str, float], ppl: dict[str, float]) -> str:
+    """The fastest format whose perplexity is within its bound of float32's (float32 always is)."""
+    ok = [f for f in ms if f in ppl and ppl[f] <= ppl["fp32"] * (1 + PPL_BOUNDS[f])]
+    return min(ok, key=ms.__getitem__)
+
+
 @torch.inference_mode()
-def measure(model: nn.Module, ids: torch.Tensor, candidates=CANDIDATES) -> Choice:
-    """Quantise copies of `model` to each candidate, time and score them; the float32 model is left as it is."""
+def measure(model: nn.Module, ids: torch.Tensor, candidates=CANDIDATES, score_all: bool = False) -> Choice:
+    """Quantise copies of `model` to each candidate and time them; then score them from the fastest down,
+    stopping at the first within bounds unless `score_all`. The float32 model is left as it is."""
+    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     models = {"fp32": model}
     for fmt in candidates:
-        if fmt != "fp32":
-            models[fmt] = copy.deepcopy(model)
+        if fmt != "fp32":  # a copy of the module tree sharing the float tensors, then quantised
+            models[fmt] = copy.deepcopy(model, memo=dict(shared))
             quantize_model(models[fmt], fmt)
-    ppl, agreement = {}, {}
-    ref_ppl, ref_top = _quality(model, ids)
-    for fmt, m in models.items():
-        ppl[fmt], top = (ref_ppl, ref_top) if m is model else _quality(m, ids)
-        agreement[fmt] = (top == ref_top).float().mean().item()
     ms = _time_decode_passes(models)
-    ok = [f for f in models if ppl[f] <= ppl["fp32"] * (1 + PPL_BOUNDS[f])]
-    return Choice(min(ok, key=ms.__getitem__), ms, ppl, agreement, len(ids))
+    ref_ppl, ref_top = _quality(model, ids)
+    ppl, agreement = {"fp32": ref_ppl}, {"fp32": 1.0}
+    for fmt in sorted(models, key=ms.__getitem__):  # fastest first
+        if not score_all and (fmt == "fp32" or pick(ms, ppl) != "fp32"):
+            break  # the rest are slower than float32, or than a candidate that already qualified
+        if fmt == "fp32":
+            continue
+        ppl[fmt], top = _quality(models[fmt], ids)
+        agreement[fmt] = (top == ref_top).float().mean().item()
+    return Choice(pick(ms, ppl), ms, ppl, agreement, len(ids))
 
 
 def choose_format(model: nn.Module, model_dir: str | Path, tokenizer, cache_dir: Path | None = None,

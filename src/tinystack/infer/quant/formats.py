@@ -78,13 +78,30 @@ def _unpack_nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 15, qs >> 4], dim=-1)
 
 
+def _extension():
+    from tinystack.infer.quant import kernels  # kernels imports this module: imported when first needed
+
+    return kernels.extension() if kernels.default_path() != "torch" else None
+
+
 def quantize(w: torch.Tensor, fmt: str) -> Packed:
-    """Pack a float [N, K] weight into `fmt` (one of FORMATS)."""
+    """Pack a float [N, K] weight into `fmt` (one of FORMATS); the C++ extension's packer where it is built
+    (one pass, both cores), else the torch code below: identical bytes."""
     if w.dim() != 2:
         raise ValueError(f"expected a 2-D weight, got shape {tuple(w.shape)}")
     n, k = w.shape
     if fmt == "bf16":
         return Packed(fmt, k, _padded_blocks(w).reshape(n, -1).to(torch.bfloat16).contiguous())
+    ext = _extension() if fmt in BLOCK_FORMATS else None
+    if ext is not None:
+        qs, d, m = ext.block_quantize(w.detach().to(torch.float32).contiguous(), BLOCK_FORMATS[fmt])
+        return Packed(fmt, k, qs, d, m if fmt == "q4_1" else None)
+    return quantize_torch(w, fmt)
+
+
+def quantize_torch(w: torch.Tensor, fmt: str) -> Packed:
+    """quantize() in torch operations: the fallback, and the tests' second implementation."""
+    n, k = w.shape
     blocks = _padded_blocks(w)
     if fmt == "q8_0":
         d = blocks.abs().amax(-1) / 127
@@ -107,6 +124,14 @@ def dequantize(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float [N, K] matrix the packed weight stands for (what the kernels multiply by)."""
     if p.fmt == "bf16":
         return p.qs[:, :p.in_features].to(dtype)
+    ext = _extension() if p.fmt in BLOCK_FORMATS else None
+    if ext is not None:
+        return ext.block_dequantize(BLOCK_FORMATS[p.fmt], p.qs, p.d, p.m, p.in_features).to(dtype)
+    return dequantize_torch(p, dtype)
+
+
+def dequantize_torch(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """dequantize() in torch operations (block formats)."""
     d = p.d.to(torch.float32)[..., None]
     if p.fmt == "q8_0":
         w = p.qs.view(torch.int8).to(torch.float32) * d

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -33,7 +34,7 @@ inline float fp16_to_float(uint16_t h) { return at::Half(h, at::Half::from_bits(
 struct QuantX {
   std::vector<int8_t> q;   // [M, ng * 128]
   std::vector<float> d, s; // [M, ng * 4]
-  int ng;
+  int ng;                  // groups of 4 blocks per row, rounded up to a multiple of 4 (16-block loads stay inside)
 };
 
 inline int q_index(bool q4, int b, int i) {  // position of element i (0..31) of block b in its row
@@ -43,7 +44,7 @@ inline int q_index(bool q4, int b, int i) {  // position of element i (0..31) of
 
 QuantX quantize_x(const float* x, int M, int K, int nb, bool q4) {
   QuantX out;
-  out.ng = (nb + 3) / 4;
+  out.ng = (nb + 15) / 16 * 4;
   out.q.assign((size_t)M * out.ng * 128, 0);
   out.d.assign((size_t)M * out.ng * 4, 0.f);
   out.s.assign((size_t)M * out.ng * 4, 0.f);
@@ -96,62 +97,79 @@ void block_rows_scalar(int fmt, const uint8_t* qs, const uint16_t* d, const uint
 
 // ---- AVX-512 VNNI (path 1)
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+#define AVX512_INLINE __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
 template <int FMT, int MT>
 AVX512 void block_rows_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
                               int r0, float* y, int64_t ystride) {
   const __m512i lo4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
-  const __m512i bcast = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   const __m512i pick_a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
   const __m512i pick_b = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  const int bpb = FMT == Q8_0 ? 32 : 16;  // weight bytes per block
-  __m512 acc[MT];
-  __m128 oacc[MT];
-  for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps(), oacc[r] = _mm_setzero_ps();
-  const int8_t* xq0 = X.q.data() + (size_t)r0 * X.ng * 128;
-  const float* xd0 = X.d.data() + (size_t)r0 * X.ng * 4;
-  const float* xs0 = X.s.data() + (size_t)r0 * X.ng * 4;
-  for (int g = 0; g < X.ng; ++g) {
-    const int nbg = std::min(4, nb - 4 * g);
-    const __mmask8 m4 = (__mmask8)((1u << nbg) - 1);
-    const __m128 dw = _mm_cvtph_ps(_mm_maskz_loadu_epi16(m4, d + 4 * g));
-    __m128 off;
-    if (FMT == Q4_1) off = _mm_cvtph_ps(_mm_maskz_loadu_epi16(m4, m + 4 * g));
-    else off = _mm_mul_ps(dw, _mm_set1_ps(FMT == Q4_0 ? -8.f : -128.f));
-    const uint8_t* wp = qs + (size_t)g * 4 * bpb;
-    __m512i w0, w1;
-    if (FMT == Q8_0) {
-      const int nbytes = nbg * 32;
-      w0 = _mm512_maskz_loadu_epi8(nbytes >= 64 ? ~0ull : (1ull << nbytes) - 1, wp);
-      w1 = _mm512_maskz_loadu_epi8(nbytes >= 128 ? ~0ull : nbytes <= 64 ? 0ull : (1ull << (nbytes - 64)) - 1, wp + 64);
-      w0 = _mm512_xor_si512(w0, flip), w1 = _mm512_xor_si512(w1, flip);  // q + 128 as unsigned
-    } else {
-      const __m512i w = _mm512_maskz_loadu_epi8(nbg == 4 ? ~0ull : (1ull << (nbg * 16)) - 1, wp);
-      w0 = _mm512_and_si512(w, lo4);
-      w1 = _mm512_and_si512(_mm512_srli_epi16(w, 4), lo4);
-    }
+  const __m512i bcast[4] = {  // block scale j of a 16-block vector -> the 4 lanes of its group's block
+      _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+      _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7),
+      _mm512_setr_epi32(8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11),
+      _mm512_setr_epi32(12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15)};
+  constexpr int bpb = FMT == Q8_0 ? 32 : 16;  // weight bytes per block
+  const size_t xq_stride = (size_t)X.ng * 128, xf_stride = (size_t)X.ng * 4;
+  const int8_t* xq0 = X.q.data() + r0 * xq_stride;
+  const float* xd0 = X.d.data() + r0 * xf_stride;
+  const float* xs0 = X.s.data() + r0 * xf_stride;
+  __m512 acc[MT], oacc[MT], sc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps(), oacc[r] = _mm512_setzero_ps();
+  // 16 blocks' scales at a time (one fp16 load and multiply per row); full super-groups without masks
+  auto super_group = [&](int s, auto full) AVX512_INLINE {
+    constexpr bool FULL = decltype(full)::value;
+    const int nbs = FULL ? 16 : nb - s;
+    const __mmask16 m16 = (__mmask16)(FULL ? 0xFFFF : (1u << nbs) - 1);
+    const __m512 dw = _mm512_cvtph_ps(FULL ? _mm256_loadu_si256((const __m256i*)(d + s))
+                                           : _mm256_maskz_loadu_epi16(m16, d + s));
+    const __m512 offw = FMT != Q4_1 ? dw : _mm512_cvtph_ps(FULL ? _mm256_loadu_si256((const __m256i*)(m + s))
+                                                                 : _mm256_maskz_loadu_epi16(m16, m + s));
     for (int r = 0; r < MT; ++r) {
-      const int8_t* xq = xq0 + (size_t)r * X.ng * 128 + g * 128;
-      const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 64);
-      __m512i isum;
-      if (FMT == Q8_0) {  // blocks 0,1 in a's lanes 0-7, 8-15 and 2,3 in b's: regroup to 4 lanes per block
-        const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x0);
-        const __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, x1);
-        isum = _mm512_add_epi32(_mm512_permutex2var_epi32(a, pick_a, b), _mm512_permutex2var_epi32(a, pick_b, b));
-      } else {  // 128-bit lane j = block j: its low nibbles with x0, high with x1
-        isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x0), w1, x1);
-      }
-      const __m128 sc = _mm_mul_ps(dw, _mm_loadu_ps(xd0 + (size_t)r * X.ng * 4 + g * 4));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(bcast, _mm512_castps128_ps512(sc)),
-                               acc[r]);
-      oacc[r] = _mm_fmadd_ps(off, _mm_loadu_ps(xs0 + (size_t)r * X.ng * 4 + g * 4), oacc[r]);
+      sc[r] = _mm512_mul_ps(dw, _mm512_loadu_ps(xd0 + r * xf_stride + s));
+      oacc[r] = _mm512_fmadd_ps(offw, _mm512_loadu_ps(xs0 + r * xf_stride + s), oacc[r]);
     }
-  }
-  for (int r = 0; r < MT; ++r) {
-    __m128 o = _mm_add_ps(oacc[r], _mm_movehl_ps(oacc[r], oacc[r]));
-    o = _mm_add_ss(o, _mm_shuffle_ps(o, o, 1));
-    y[(size_t)(r0 + r) * ystride] = _mm512_reduce_add_ps(acc[r]) + _mm_cvtss_f32(o);
-  }
+    const int ngs = FULL ? 4 : (nbs + 3) / 4;
+#pragma GCC unroll 4
+    for (int j = 0; j < ngs; ++j) {
+      const int g = s / 4 + j, nbg = FULL ? 4 : std::min(4, nb - 4 * g);
+      const uint8_t* wp = qs + (size_t)g * 4 * bpb;
+      __m512i w0, w1;
+      if (FMT == Q8_0) {
+        const int nbytes = nbg * 32;
+        w0 = FULL ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8(nbytes >= 64 ? ~0ull : (1ull << nbytes) - 1, wp);
+        w1 = FULL ? _mm512_loadu_si512(wp + 64)
+                  : _mm512_maskz_loadu_epi8(nbytes <= 64 ? 0ull : nbytes == 128 ? ~0ull : (1ull << (nbytes - 64)) - 1,
+                                            wp + 64);
+        w0 = _mm512_xor_si512(w0, flip), w1 = _mm512_xor_si512(w1, flip);  // q + 128 as unsigned
+      } else {
+        const __m512i w = FULL ? _mm512_loadu_si512(wp)
+                               : _mm512_maskz_loadu_epi8(nbg == 4 ? ~0ull : (1ull << (nbg * 16)) - 1, wp);
+        w0 = _mm512_and_si512(w, lo4);
+        w1 = _mm512_and_si512(_mm512_srli_epi16(w, 4), lo4);
+      }
+      for (int r = 0; r < MT; ++r) {
+        const int8_t* xq = xq0 + r * xq_stride + g * 128;
+        const __m512i x0 = _mm512_loadu_si512(xq), x1 = _mm512_loadu_si512(xq + 64);
+        __m512i isum;
+        if (FMT == Q8_0) {  // blocks 0,1 in a's lanes 0-7, 8-15 and 2,3 in b's: regroup to 4 lanes per block
+          const __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x0);
+          const __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w1, x1);
+          isum = _mm512_add_epi32(_mm512_permutex2var_epi32(a, pick_a, b), _mm512_permutex2var_epi32(a, pick_b, b));
+        } else {  // 128-bit lane j = block j: its low nibbles with x0, high with x1
+          isum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, x0), w1, x1);
+        }
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(bcast[j], sc[r]), acc[r]);
+      }
+    }
+  };
+  int s = 0;
+  for (; s + 16 <= nb; s += 16) super_group(s, std::true_type{});
+  if (s < nb) super_group(s, std::false_type{});
+  const float k = FMT == Q4_1 ? 1.f : FMT == Q4_0 ? -8.f : -128.f;  // off = m, -8 d or -128 d
+  for (int r = 0; r < MT; ++r)  // one horizontal sum per output
+    y[(size_t)(r0 + r) * ystride] = _mm512_reduce_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(k), oacc[r], acc[r]));
 }
 
 template <int FMT>
@@ -207,6 +225,10 @@ void bf16_rows_avx512_tiles(const uint16_t* w, const float* x, int M, int Kp, fl
   }
 }
 
+// Output rows per parallel task: at least ~64 KiB of weights, so a small matrix runs on one thread
+// instead of paying a fork/join (and, on a busy machine, waiting for a descheduled second thread).
+int64_t grain_rows(int64_t row_bytes) { return std::max<int64_t>(16, (64 << 10) / std::max<int64_t>(1, row_bytes)); }
+
 void check_x(const torch::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(),
               "x must be a contiguous 2-D float32 CPU tensor");
@@ -245,7 +267,7 @@ torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch
   const uint8_t* qp = (const uint8_t*)qs.data_ptr();
   const uint16_t* dp = (const uint16_t*)d.data_ptr();
   const uint16_t* mp = fmt == Q4_1 ? (const uint16_t*)m->data_ptr() : nullptr;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  at::parallel_for(0, N, grain_rows(nb * (bpb + 4)), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* q = qp + (size_t)n * nb * bpb;
       const uint16_t* dn = dp + (size_t)n * nb;
@@ -272,7 +294,7 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   const float* xptr = xp.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const uint16_t* wp = (const uint16_t*)w.data_ptr();
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+  at::parallel_for(0, N, grain_rows((int64_t)Kp * 2), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       if (path == 0) bf16_row_scalar(wp + (size_t)n * Kp, xptr, M, Kp, yp + n, N);
       else bf16_rows_avx512_tiles(wp + (size_t)n * Kp, xptr, M, Kp, yp + n, N);
@@ -281,8 +303,99 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   return add_bias(y, bias);
 }
 
+// ---- packing: llama.cpp's quantize_row_*_ref, bit for bit (formats.py holds the torch twin)
+// w [N, K] float32 -> qs [N, nb, 32 | 16] uint8, d [N, nb] fp16, m [N, nb] fp16 (Q4_1 only).
+std::vector<torch::Tensor> block_quantize(torch::Tensor w, int64_t fmt) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == torch::kFloat32 && w.dim() == 2 && w.is_contiguous(),
+              "w must be a contiguous 2-D float32 CPU tensor");
+  TORCH_CHECK(fmt >= 0 && fmt <= 2, "unknown block format ", fmt);
+  const int64_t N = w.size(0), K = w.size(1), nb = (K + 31) / 32, bpb = fmt == Q8_0 ? 32 : 16;
+  auto u8 = torch::TensorOptions().dtype(torch::kUInt8);
+  auto f16 = torch::TensorOptions().dtype(torch::kFloat16);
+  auto qs = torch::empty({N, nb, bpb}, u8), d = torch::empty({N, nb}, f16);
+  auto m = fmt == Q4_1 ? torch::empty({N, nb}, f16) : torch::Tensor();
+  const float* wp = w.data_ptr<float>();
+  uint8_t* qp = qs.data_ptr<uint8_t>();
+  at::Half* dp = d.data_ptr<at::Half>();
+  at::Half* mp = fmt == Q4_1 ? m.data_ptr<at::Half>() : nullptr;
+  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        float v[32] = {0};
+        for (int64_t i = 0; i < 32 && b * 32 + i < K; ++i) v[i] = wp[n * K + b * 32 + i];
+        uint8_t* q = qp + (n * nb + b) * bpb;
+        const int64_t j = n * nb + b;
+        if (fmt == Q8_0) {
+          float amax = 0.f;
+          for (float x : v) amax = std::max(amax, std::fabs(x));
+          const float dd = amax / 127.f, id = dd ? 1.f / dd : 0.f;
+          for (int i = 0; i < 32; ++i) q[i] = (uint8_t)(int8_t)std::roundf(v[i] * id);
+          dp[j] = at::Half(dd);
+        } else if (fmt == Q4_0) {
+          float amax = 0.f, max = 0.f;
+          for (float x : v) if (amax < std::fabs(x)) amax = std::fabs(x), max = x;
+          const float dd = max / -8.f, id = dd ? 1.f / dd : 0.f;
+          for (int i = 0; i < 16; ++i) {
+            const int a = std::min(15, (int)(int8_t)(v[i] * id + 8.5f));
+            const int c = std::min(15, (int)(int8_t)(v[i + 16] * id + 8.5f));
+            q[i] = (uint8_t)(a | (c << 4));
+          }
+          dp[j] = at::Half(dd);
+        } else {
+          float lo = v[0], hi = v[0];
+          for (float x : v) lo = std::min(lo, x), hi = std::max(hi, x);
+          const float dd = (hi - lo) / 15.f, id = dd ? 1.f / dd : 0.f;
+          for (int i = 0; i < 16; ++i) {
+            const int a = std::min(15, (int)(int8_t)((v[i] - lo) * id + 0.5f));
+            const int c = std::min(15, (int)(int8_t)((v[i + 16] - lo) * id + 0.5f));
+            q[i] = (uint8_t)(a | (c << 4));
+          }
+          dp[j] = at::Half(dd);
+          mp[j] = at::Half(lo);
+        }
+      }
+  });
+  return {qs, d, m};
+}
+
+// qs, d[, m] -> float32 [N, K] (the first K of the nb * 32 columns)
+torch::Tensor block_dequantize(int64_t fmt, torch::Tensor qs, torch::Tensor d, c10::optional<torch::Tensor> m,
+                               int64_t K) {
+  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && qs.dim() == 3, "qs [N, nb, bytes], d [N, nb] contiguous");
+  const int64_t N = qs.size(0), nb = qs.size(1), bpb = qs.size(2);
+  TORCH_CHECK(K <= nb * 32 && bpb == (fmt == Q8_0 ? 32 : 16), "qs does not hold ", K, " columns in format ", fmt);
+  auto out = torch::empty({N, K}, torch::TensorOptions().dtype(torch::kFloat32));
+  const uint8_t* qp = (const uint8_t*)qs.data_ptr();
+  const uint16_t* dp = (const uint16_t*)d.data_ptr();
+  const uint16_t* mp = fmt == Q4_1 ? (const uint16_t*)m->data_ptr() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
+    float v[32];
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* q = qp + (n * nb + b) * bpb;
+        const float dd = fp16_to_float(dp[n * nb + b]);
+        if (fmt == Q8_0) {
+          for (int i = 0; i < 32; ++i) v[i] = dd * (float)(int8_t)q[i];
+        } else {
+          if (fmt == Q4_0) {  // d * (q - 8), one rounding, as ggml
+            for (int i = 0; i < 16; ++i) v[i] = dd * (float)((q[i] & 15) - 8), v[i + 16] = dd * (float)((q[i] >> 4) - 8);
+          } else {
+            const float mm = fp16_to_float(mp[n * nb + b]);
+            for (int i = 0; i < 16; ++i) v[i] = dd * (float)(q[i] & 15) + mm, v[i + 16] = dd * (float)(q[i] >> 4) + mm;
+          }
+        }
+        const int64_t cnt = std::min<int64_t>(32, K - b * 32);
+        std::memcpy(op + n * K + b * 32, v, cnt * sizeof(float));
+      }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("avx512_available", &avx512_available, "AVX-512 F/BW/VL/DQ + VNNI on this CPU");
   mod.def("block_matmul", &block_matmul, "x @ W^T for Q8_0 / Q4_0 / Q4_1 block weights");
   mod.def("bf16_matmul", &bf16_matmul, "x @ W^T for bfloat16 weights, float32 activations");
+  mod.def("block_quantize", &block_quantize, "float32 [N, K] -> (qs, d, m) in a block format, as llama.cpp");
+  mod.def("block_dequantize", &block_dequantize, "(qs, d, m) -> float32 [N, K]");
 }

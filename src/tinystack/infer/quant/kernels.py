@@ -41,8 +41,9 @@ def extension():
     from torch.utils import cpp_extension
 
     try:
+        # -ffp-contract=off: no fused multiply-adds in the packer, whose rounding must match llama.cpp's
         return cpp_extension.load(name="tinystack_quant_kernels", sources=[str(_SOURCE)],
-                                  extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+                                  extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler / ninja / headers: the float fallback still gives right answers
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         warnings.warn(f"tinystack: quantised-matmul kernels unavailable ({first[:160]}); using the slower torch path",
