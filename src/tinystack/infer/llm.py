@@ -26,8 +26,9 @@ QUANTIZE = ("bf16", "q8_0", "q4_0", "q4_1")  # infer.quant.formats; "int8" names
 
 
 def load_for_inference(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
-                       quantize: str | None = None, tokenizer: bool = True) -> tuple[torch.nn.Module, object]:
-    """(model, tokenizer or None) for a model directory, ready for the engine.
+                       quantize: str | None = None, tokenizer: bool | object = True) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer or None) for a model directory, ready for the engine. `tokenizer`: True loads the
+    directory's, False loads none, a tokenizer object is used as given (also by dtype "auto" to score formats).
 
     dtype "auto" (CPU, no `quantize`): the weight format measured fastest within the perplexity bounds on this
     machine (infer.quant.auto, cached per model/CPU/torch); otherwise float32 activations with `quantize`'s
@@ -40,23 +41,23 @@ def load_for_inference(model_dir: str | Path, backend: str = "torch", device: st
         raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
     if quantize is not None and quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {QUANTIZE} (or 'int8'), got {quantize!r}")
-    tok = load_tokenizer(model_dir) if tokenizer or (dtype == "auto" and quantize is None) else None
+    tok = (load_tokenizer(model_dir) if tokenizer else None) if isinstance(tokenizer, bool) else tokenizer
     if backend == "numpy":
         from tinystack.infer.numpy_backend import load_numpy_model
 
-        return load_numpy_model(model_dir), tok if tokenizer else None
+        return load_numpy_model(model_dir), tok
     if backend != "torch":
         raise ValueError(f"backend must be 'torch' or 'numpy', got {backend!r}")
     model = load_model(model_dir, device=device, dtype=_DTYPES.get(dtype, torch.float32))
     if dtype == "auto" and quantize is None and torch.device(device).type == "cpu":
         from tinystack.infer.quant.auto import choose_format
 
-        quantize = choose_format(model, model_dir, tok).quantize
+        quantize = choose_format(model, model_dir, tok or load_tokenizer(model_dir)).quantize
     if quantize is not None:
         from tinystack.infer.quant.linear import quantize_model
 
         quantize_model(model, quantize)
-    return model, tok if tokenizer else None
+    return model, tok
 
 
 class LLM:
@@ -65,7 +66,8 @@ class LLM:
         """`model` is a model directory (or an already built model, with `tokenizer`); engine_kwargs go to
         LLMEngine: kv_cache, scheduler, block_size, max_num_seqs, max_num_batched_tokens, memory_limit, ..."""
         if isinstance(model, (str, Path)):
-            model, tok = load_for_inference(model, backend, device, dtype, quantize, tokenizer=tokenizer is None)
+            model, tok = load_for_inference(model, backend, device, dtype, quantize,
+                                            tokenizer=True if tokenizer is None else tokenizer)
             tokenizer = tokenizer or tok
         if tokenizer is None:
             raise ValueError("pass a tokenizer with a model object")

@@ -92,7 +92,7 @@ def quantize(w: torch.Tensor, fmt: str) -> Packed:
     n, k = w.shape
     if fmt == "bf16":
         return Packed(fmt, k, _padded_blocks(w).reshape(n, -1).to(torch.bfloat16).contiguous())
-    ext = _extension() if fmt in BLOCK_FORMATS else None
+    ext = _extension() if fmt in BLOCK_FORMATS and w.device.type == "cpu" else None
     if ext is not None:
         qs, d, m = ext.block_quantize(w.detach().to(torch.float32).contiguous(), BLOCK_FORMATS[fmt])
         return Packed(fmt, k, qs, d, m if fmt == "q4_1" else None)
@@ -124,7 +124,7 @@ def dequantize(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float [N, K] matrix the packed weight stands for (what the kernels multiply by)."""
     if p.fmt == "bf16":
         return p.qs[:, :p.in_features].to(dtype)
-    ext = _extension() if p.fmt in BLOCK_FORMATS else None
+    ext = _extension() if p.fmt in BLOCK_FORMATS and p.qs.device.type == "cpu" else None
     if ext is not None:
         return ext.block_dequantize(BLOCK_FORMATS[p.fmt], p.qs, p.d, p.m, p.in_features).to(dtype)
     return dequantize_torch(p, dtype)

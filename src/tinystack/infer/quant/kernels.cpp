@@ -25,7 +25,6 @@
 namespace {
 
 enum Fmt { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
-constexpr int kMaxTile = 4;  // activation rows per pass over a weight row (accumulators stay in registers)
 
 inline float fp16_to_float(uint16_t h) { return at::Half(h, at::Half::from_bits()); }
 
@@ -100,7 +99,7 @@ void block_rows_scalar(int fmt, const uint8_t* qs, const uint16_t* d, const uint
 #define AVX512_INLINE __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
 template <int FMT, int MT>
-AVX512 void block_rows_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
+AVX512_INLINE inline void block_rows_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
                               int r0, float* y, int64_t ystride) {
   const __m512i lo4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
   const __m512i pick_a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
@@ -172,15 +171,23 @@ AVX512 void block_rows_avx512(const uint8_t* qs, const uint16_t* d, const uint16
     y[(size_t)(r0 + r) * ystride] = _mm512_reduce_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(k), oacc[r], acc[r]));
 }
 
+// Output rows n0..n1 for all M activation rows, in tiles of up to 4 (the kernel is inlined here, so its
+// constants are set up once per range, not per output row).
 template <int FMT>
-void block_rows_avx512_tiles(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
-                             int M, float* y, int64_t ystride) {
-  int r = 0;
-  for (; r + 4 <= M; r += 4) block_rows_avx512<FMT, 4>(qs, d, m, nb, X, r, y, ystride);
-  switch (M - r) {
-    case 3: block_rows_avx512<FMT, 3>(qs, d, m, nb, X, r, y, ystride); break;
-    case 2: block_rows_avx512<FMT, 2>(qs, d, m, nb, X, r, y, ystride); break;
-    case 1: block_rows_avx512<FMT, 1>(qs, d, m, nb, X, r, y, ystride); break;
+AVX512 void block_range_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
+                               int M, int64_t n0, int64_t n1, float* y, int64_t N) {
+  constexpr int bpb = FMT == Q8_0 ? 32 : 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* q = qs + (size_t)n * nb * bpb;
+    const uint16_t* dn = d + (size_t)n * nb;
+    const uint16_t* mn = m ? m + (size_t)n * nb : nullptr;
+    int r = 0;
+    for (; r + 4 <= M; r += 4) block_rows_avx512<FMT, 4>(q, dn, mn, nb, X, r, y + n, N);
+    switch (M - r) {
+      case 3: block_rows_avx512<FMT, 3>(q, dn, mn, nb, X, r, y + n, N); break;
+      case 2: block_rows_avx512<FMT, 2>(q, dn, mn, nb, X, r, y + n, N); break;
+      case 1: block_rows_avx512<FMT, 1>(q, dn, mn, nb, X, r, y + n, N); break;
+    }
   }
 }
 
@@ -199,7 +206,7 @@ void bf16_row_scalar(const uint16_t* w, const float* x, int M, int Kp, float* y,
 }
 
 template <int MT>
-AVX512 void bf16_rows_avx512(const uint16_t* w, const float* x, int r0, int Kp, float* y, int64_t ystride) {
+AVX512_INLINE inline void bf16_rows_avx512(const uint16_t* w, const float* x, int r0, int Kp, float* y, int64_t ystride) {
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
   for (int k = 0; k < Kp; k += 32) {
@@ -215,13 +222,17 @@ AVX512 void bf16_rows_avx512(const uint16_t* w, const float* x, int r0, int Kp, 
   for (int r = 0; r < MT; ++r) y[(size_t)(r0 + r) * ystride] = _mm512_reduce_add_ps(acc[r]);
 }
 
-void bf16_rows_avx512_tiles(const uint16_t* w, const float* x, int M, int Kp, float* y, int64_t ystride) {
-  int r = 0;
-  for (; r + 4 <= M; r += 4) bf16_rows_avx512<4>(w, x, r, Kp, y, ystride);
-  switch (M - r) {
-    case 3: bf16_rows_avx512<3>(w, x, r, Kp, y, ystride); break;
-    case 2: bf16_rows_avx512<2>(w, x, r, Kp, y, ystride); break;
-    case 1: bf16_rows_avx512<1>(w, x, r, Kp, y, ystride); break;
+AVX512 void bf16_range_avx512(const uint16_t* w, const float* x, int M, int Kp, int64_t n0, int64_t n1, float* y,
+                              int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* wn = w + (size_t)n * Kp;
+    int r = 0;
+    for (; r + 4 <= M; r += 4) bf16_rows_avx512<4>(wn, x, r, Kp, y + n, N);
+    switch (M - r) {
+      case 3: bf16_rows_avx512<3>(wn, x, r, Kp, y + n, N); break;
+      case 2: bf16_rows_avx512<2>(wn, x, r, Kp, y + n, N); break;
+      case 1: bf16_rows_avx512<1>(wn, x, r, Kp, y + n, N); break;
+    }
   }
 }
 
@@ -268,14 +279,16 @@ torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch
   const uint16_t* dp = (const uint16_t*)d.data_ptr();
   const uint16_t* mp = fmt == Q4_1 ? (const uint16_t*)m->data_ptr() : nullptr;
   at::parallel_for(0, N, grain_rows(nb * (bpb + 4)), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint8_t* q = qp + (size_t)n * nb * bpb;
-      const uint16_t* dn = dp + (size_t)n * nb;
-      const uint16_t* mn = mp ? mp + (size_t)n * nb : nullptr;
-      if (path == 0) block_rows_scalar(fmt, q, dn, mn, nb, X, 0, M, yp + n, N);
-      else if (fmt == Q8_0) block_rows_avx512_tiles<Q8_0>(q, dn, mn, nb, X, M, yp + n, N);
-      else if (fmt == Q4_0) block_rows_avx512_tiles<Q4_0>(q, dn, mn, nb, X, M, yp + n, N);
-      else block_rows_avx512_tiles<Q4_1>(q, dn, mn, nb, X, M, yp + n, N);
+    if (path == 0) {
+      for (int64_t n = n0; n < n1; ++n)
+        block_rows_scalar(fmt, qp + (size_t)n * nb * bpb, dp + (size_t)n * nb, mp ? mp + (size_t)n * nb : nullptr,
+                          nb, X, 0, M, yp + n, N);
+    } else if (fmt == Q8_0) {
+      block_range_avx512<Q8_0>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
+    } else if (fmt == Q4_0) {
+      block_range_avx512<Q4_0>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
+    } else {
+      block_range_avx512<Q4_1>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
     }
   });
   return add_bias(y, bias);
@@ -295,9 +308,10 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   float* yp = y.data_ptr<float>();
   const uint16_t* wp = (const uint16_t*)w.data_ptr();
   at::parallel_for(0, N, grain_rows((int64_t)Kp * 2), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      if (path == 0) bf16_row_scalar(wp + (size_t)n * Kp, xptr, M, Kp, yp + n, N);
-      else bf16_rows_avx512_tiles(wp + (size_t)n * Kp, xptr, M, Kp, yp + n, N);
+    if (path == 0) {
+      for (int64_t n = n0; n < n1; ++n) bf16_row_scalar(wp + (size_t)n * Kp, xptr, M, Kp, yp + n, N);
+    } else {
+      bf16_range_avx512(wp, xptr, M, Kp, n0, n1, yp, N);
     }
   });
   return add_bias(y, bias);
