@@ -69,8 +69,8 @@ def test_q8_0_weights_are_a_quarter_and_close(model_dir):
     assert report["bytes_after"] < 0.27 * report["bytes_before"]  # 34 bytes per 32 weights instead of 128
     idx = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        a, b = model(idx)[0], q(idx)[0]  # prefill rows: dequantised weights, GEMM
-        a1, b1 = model(idx[:1, :1])[0], q(idx[:1, :1])[0]  # one row: the int8 kernel
+        a, b = model(idx)[0], q(idx)[0]  # 40 prefill rows
+        a1, b1 = model(idx[:1, :1])[0], q(idx[:1, :1])[0]  # one decode row
     for x, y in ((a, b), (a1, b1)):
         assert (x - y).abs().max() < 0.05 * x.abs().max()
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

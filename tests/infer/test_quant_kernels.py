@@ -163,7 +163,30 @@ def test_quantize_model_keeps_logits_close_and_weights_small(fmt):
                                                                           else fmt] for m in linears)
         assert report["bytes_after"] == want and report["bytes_before"] == 4 * sum(m.weight.numel() for m in linears)
         with torch.no_grad():
-            for batch in (idx, idx[:1, :1]):  # prefill rows (GEMM path for 24 rows) and one decode row (kernel)
+            for batch in (idx, idx[:1, :1]):  # 24 rows and one decode row
                 a, b = model(batch)[0], q(batch)[0]
                 tol = {"bf16": 0.02, "q8_0": 0.05, "q4_0": 0.3, "q4_1": 0.3}[fmt]
                 assert (a - b).abs().max() <= tol * a.abs().max(), (name, (a - b).abs().max() / a.abs().max())
+
+
+def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch):
+    from torch.utils import cpp_extension
+
+    def no_compiler(*a, **k):
+        raise RuntimeError("Error building extension: c++: command not found\nmore detail")
+
+    monkeypatch.delenv("TINYSTACK_QUANT_KERNEL", raising=False)
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    kernels.extension.cache_clear()
+    kernels.default_path.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="c\\+\\+: command not found.*torch path") as caught:
+            assert kernels.default_path() == "torch"
+        assert len(caught) == 1 and "more detail" not in str(caught[0].message)
+        w, x = weights(10, 70), torch.randn(2, 70)
+        p = quantize(w, "q4_1")  # the torch packer: same bytes as the C++ one
+        assert torch.equal(p.qs, quantize_torch(w, "q4_1").qs)
+        assert torch.allclose(kernels.matmul(x, p), x @ dequantize_torch(p).T, atol=1e-6)
+    finally:
+        kernels.extension.cache_clear()
+        kernels.default_path.cache_clear()

@@ -14,8 +14,9 @@ target attributes, so the library runs on any x86-64 and the path is chosen at r
 `__builtin_cpu_supports`), cached by torch under ~/.cache/torch_extensions. The C++ paths
 quantise activations to int8 per block of 32 (as llama.cpp does), so they differ from the
 dequantised float product by that rounding; the torch path multiplies in float.
-Above `GEMM_MIN_ROWS` rows (prefill) every path dequantises the weight once and calls the
-BLAS GEMM, which is compute-bound there and faster than any weight-streaming kernel.
+From `GEMM_MIN_ROWS` rows on (long prefill chunks) every path dequantises the weight once and calls the
+float32 GEMM, which is compute-bound there; below it the kernels, reading each weight once for all rows,
+are faster.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
 
 PATHS = ("avx512", "cpp", "torch")
-GEMM_MIN_ROWS = 32  # from here on dequantise + GEMM (benchmarks/bench_formats.py measures the crossover)
+GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
 _SOURCE = Path(__file__).with_name("kernels.cpp")
 
 
