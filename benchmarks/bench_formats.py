@@ -114,8 +114,11 @@ def plot(res: dict, path: Path) -> None:
         names = list(t)
         ax.barh(names, [t[n]["wall_ms"] for n in names], color="#9ab", label="wall ms")
         ax.barh(names, [t[n]["cpu_ms"] for n in names], color="#369", height=0.4, label="CPU ms")
+        for i, n in enumerate(names):
+            ax.text(t[n]["cpu_ms"], i, f" {t[n]['cpu_ms']:.1f}", va="center", fontsize=7)
+        ax.set_xscale("log")
         ax.set_title(f"{m}, {r}", fontsize=9)
-        ax.set_xlabel("ms per pass over all linear layers")
+        ax.set_xlabel("ms per pass over all linear layers (log)")
         ax.invert_yaxis()
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"weight formats on {res['cpu']} (load {res['machine']['loadavg_at_start'][0]:.1f})", fontsize=9)

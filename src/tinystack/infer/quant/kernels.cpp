@@ -317,6 +317,14 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   return add_bias(y, bias);
 }
 
+// roundf (half away from zero) for |v| <= 127 without a libm call, so the loop vectorises:
+// v - trunc(v) is exact in float, so the comparison with 0.5 decides exactly as roundf does.
+inline int round_half_away(float v) {
+  const int t = (int)v;
+  const float frac = v - (float)t;
+  return t + (frac >= 0.5f) - (frac <= -0.5f);
+}
+
 // ---- packing: llama.cpp's quantize_row_*_ref, bit for bit (formats.py holds the torch twin)
 // w [N, K] float32 -> qs [N, nb, 32 | 16] uint8, d [N, nb] fp16, m [N, nb] fp16 (Q4_1 only).
 std::vector<torch::Tensor> block_quantize(torch::Tensor w, int64_t fmt) {
@@ -343,7 +351,7 @@ std::vector<torch::Tensor> block_quantize(torch::Tensor w, int64_t fmt) {
           float amax = 0.f;
           for (float x : v) amax = std::max(amax, std::fabs(x));
           const float dd = amax / 127.f, id = dd ? 1.f / dd : 0.f;
-          for (int i = 0; i < 32; ++i) q[i] = (uint8_t)(int8_t)std::roundf(v[i] * id);
+          for (int i = 0; i < 32; ++i) q[i] = (uint8_t)(int8_t)round_half_away(v[i] * id);
           dp[j] = at::Half(dd);
         } else if (fmt == Q4_0) {
           float amax = 0.f, max = 0.f;
