@@ -9,10 +9,10 @@ Paths, chosen once per process (or per call with `path`, which the tests use):
               (no compiler), with a one-line warning
 The environment variable TINYSTACK_QUANT_KERNEL=avx512|cpp|torch forces one.
 
-The extension is compiled at first use with -O3 (the AVX-512 functions carry their own
+The extension (kernels.cpp, pack.cpp) is compiled at first use with -O3 (the AVX-512 functions carry their own
 target attributes, so the library runs on any x86-64 and the path is chosen at run time by
-`__builtin_cpu_supports`), cached by torch under ~/.cache/torch_extensions. The C++ paths
-quantise activations to int8 per block of 32 (as llama.cpp does), so they differ from the
+`__builtin_cpu_supports`), cached by torch under ~/.cache/torch_extensions (one build per version of
+the sources). The C++ paths quantise activations to int8 per block of 32 (as llama.cpp does), so they differ from the
 dequantised float product by that rounding; the torch path multiplies in float.
 From `GEMM_MIN_ROWS` rows on (long prefill chunks) every path dequantises the weight once and calls the
 float32 GEMM, which is compute-bound there; below it the kernels, reading each weight once for all rows,
@@ -21,6 +21,7 @@ are faster.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 import warnings
@@ -33,7 +34,8 @@ from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
 
 PATHS = ("avx512", "cpp", "torch")
 GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
-_SOURCE = Path(__file__).with_name("kernels.cpp")
+_SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp")]
+_HEADER = Path(__file__).with_name("kernels.h")
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,9 +43,11 @@ def extension():
     """The compiled C++ module, or None (with one warning) where it cannot be built."""
     from torch.utils import cpp_extension
 
+    # the name carries a hash of the sources: two versions (say, two checkouts) never rebuild over each other
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES + [_HEADER])).hexdigest()[:10]
     try:
         # -ffp-contract=off: no fused multiply-adds in the packer, whose rounding must match llama.cpp's
-        return cpp_extension.load(name="tinystack_quant_kernels", sources=[str(_SOURCE)],
+        return cpp_extension.load(name=f"tinystack_quant_kernels_{digest}", sources=[str(p) for p in _SOURCES],
                                   extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler / ninja / headers: the float fallback still gives right answers
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
