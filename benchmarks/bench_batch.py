@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt  # noqa: E402
+from bench_common import RESULTS, finish, machine  # noqa: E402
+from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.infer import LLMEngine, SamplingParams  # noqa: E402
 from tinystack.infer.weight_arena import hugepage_empty  # noqa: E402

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_common import timed
 from bench_dedup_corpus import (
     EN_ALPHABET,
     ZH_ALPHABET,
@@ -74,17 +75,16 @@ def throughput(docs: list[str], ds_docs: int, repeats: int) -> dict:
     hasher = MinHasher()
     sub = docs[:ds_docs]
 
-    def timed(fn, texts: list[str]) -> tuple[float, float]:
+    def rates(fn, texts: list[str]) -> tuple[float, float]:
         """(docs/s of wall time, docs/s of this process's CPU time)."""
-        t, c = time.perf_counter(), time.process_time()
-        fn(texts)
-        return len(texts) / (time.perf_counter() - t), len(texts) / (time.process_time() - c)
+        run = timed(lambda: fn(texts))
+        return len(texts) / run.wall_s, len(texts) / run.cpu_s
 
     load_before = os.getloadavg()[0]
     o, d = [], []
     for _ in range(repeats):  # interleaved, so background load hits both alike
-        o.append(timed(hasher.signatures, docs))
-        d.append(timed(datasketch_signatures, sub))
+        o.append(rates(hasher.signatures, docs))
+        d.append(rates(datasketch_signatures, sub))
     best = lambda runs, i: max(r[i] for r in runs)
     return {"ours_docs_per_s": round(best(o, 0), 1), "datasketch_docs_per_s": round(best(d, 0), 1),
             "speedup": round(best(o, 0) / best(d, 0), 2),

@@ -19,8 +19,8 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -38,23 +38,20 @@ from tinystack.model.io import load_model, save_model
 from tinystack.pipeline import run_pipeline
 from tinystack.tokenizer.shards import load_tokens, token_byte_lengths
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import timed  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
 
 
 def throughput(model, tok, cfg, tok_dir: Path, data_dir: Path) -> dict:
     """Window evaluation vs per-document scoring of the val split, and the latter's padding efficiency."""
     val = load_tokens(tok_dir / "val.bin")
-    m, s = timed(lambda: evaluate_tokens(model, val, token_byte_lengths(tok), batch_size=cfg.eval.batch_size))
+    s, _, m = timed(lambda: evaluate_tokens(model, val, token_byte_lengths(tok), batch_size=cfg.eval.batch_size))
     out = {"windows": {"tokens": m["tokens"], "seconds": round(s, 3), "tokens_per_s": round(m["tokens"] / s)}}
     recs = read_records(data_dir / "val.jsonl")
     ids = [document_ids(tok, r["text"]) for r in recs]
-    sc, s = timed(lambda: score_documents(model, ids, [len(r["text"].encode()) + 1 for r in recs],
+    s, _, sc = timed(lambda: score_documents(model, ids, [len(r["text"].encode()) + 1 for r in recs],
                                           batch_size=cfg.eval.batch_size))
     wins = sorted(_windows(ids, context_len(model)), key=lambda w: -len(w[1]))
     B = cfg.eval.batch_size
@@ -86,9 +83,9 @@ def main() -> None:
     def full_eval():
         return evaluate_model(model, tok, cfg.eval, data_dir=data_dir, tok_dir=tok_dir, progress=False)
 
-    a, s_default = timed(full_eval)  # torch's default thread count (one per core)
+    s_default, _, a = timed(full_eval)  # torch's default thread count (one per core)
     with torch_threads(1):
-        b, s_one = timed(full_eval)
+        s_one, _, b = timed(full_eval)
         c = full_eval()
     same = lambda x, y: json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)  # noqa: E731
     res["evaluate_model"] = {"seconds_default_threads": round(s_default, 3), "seconds_1_thread": round(s_one, 3),
@@ -97,7 +94,7 @@ def main() -> None:
 
     train = [r["text"] for r in read_records(data_dir / "train.jsonl")]
     held = [r["text"] for sp in ("val", "test") for r in read_records(data_dir / f"{sp}.jsonl")]
-    dups, s = timed(lambda: find_near_duplicates(train, held, cfg.eval.near_dup_threshold))
+    s, _, dups = timed(lambda: find_near_duplicates(train, held, cfg.eval.near_dup_threshold))
     res["leakage_check"] = {"train_docs": len(train), "heldout_docs": len(held), "seconds": round(s, 3),
                             "leaked": sum(d is not None for d in dups)}
 
@@ -115,13 +112,13 @@ def main() -> None:
             save_model(pert, out, eos_token_id=tok.eos_token_id)
             shutil.copy(model_dir / "tokenizer.json", out / "tokenizer.json")
             with torch_threads(cfg.eval.threads):
-                r, s = timed(lambda: run_regression(out, cases, model_dir, tolerance=cfg.eval.regression_tolerance))
+                s, _, r = timed(lambda: run_regression(out, cases, model_dir, tolerance=cfg.eval.regression_tolerance))
             sm = r["summary"]
             gate.append({"sigma": sigma, "mean_loss_delta": round(sm["mean_loss_delta"], 4), "worse": sm["worse"],
                          "regressed": sm["regressed"], "seconds": round(s, 2)})
     res["gate"] = {"cases": len(cases), "tolerance": cfg.eval.regression_tolerance, "runs": gate}
 
-    _, s = timed(lambda: write_report(work))
+    s, _, _ = timed(lambda: write_report(work))
     res["report_seconds"] = round(s, 3)
     res["load_avg_end"] = os.getloadavg()[0]
     write_json(ROOT / "benchmarks" / "results" / "eval.json", res)

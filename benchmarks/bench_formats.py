@@ -27,10 +27,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, finish, machine  # noqa: E402
+from bench_common import RESULTS, finish, machine  # noqa: E402
 from tinystack.atomic import write_json  # noqa: E402
 from tinystack.infer.quant import kernels  # noqa: E402
-from tinystack.infer.quant.auto import cpu_identity  # noqa: E402
 from tinystack.infer.quant.formats import FORMATS, quantize  # noqa: E402
 from tinystack.infer.quant.linear import head_format  # noqa: E402
 
@@ -93,8 +92,8 @@ def time_interleaved(run: dict, trials: int) -> dict:
 
 def quality(model_dir: Path) -> dict:
     from tinystack.infer.quant.auto import calibration_ids, measure
-    from tinystack.infer.tokenizer import load_tokenizer
     from tinystack.model import load_model
+    from tinystack.tokenizer import load_tokenizer
 
     model = load_model(model_dir)
     ids = calibration_ids(load_tokenizer(model_dir), model.config.max_seq_len)
@@ -121,7 +120,8 @@ def plot(res: dict, path: Path) -> None:
         ax.set_xlabel("ms per pass over all linear layers (log)")
         ax.invert_yaxis()
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"weight formats on {res['cpu']} (load {res['machine']['loadavg_at_start'][0]:.1f})", fontsize=9)
+    m = res["machine"]
+    fig.suptitle(f"weight formats on {m['cpu_model']} (load {m['loadavg_at_start'][0]:.1f})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "formats.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    res = {"machine": machine(), "cpu": cpu_identity(), "kernel_path": kernels.default_path(), "models": {}}
+    res = {"machine": machine(), "kernel_path": kernels.default_path(), "models": {}}
     for name, shapes in MODELS.items():
         entry = res["models"][name] = {"matrices": len(shapes), "timings": {}}
         for rows in map(int, args.rows.split(",")):

@@ -6,9 +6,9 @@
 2. a workload of N requests (default 64) whose prompt and output lengths are drawn from
    16-512: output tokens per CPU-second of
      transformers.generate in padded batches of 16 (left-padded, run to the batch's longest output),
-     our dynamic batcher (max_batch 16, batch runs to completion),
+     our dynamic batcher (batches of 16, batch runs to completion),
      our continuous batching (paged cache, chunked prefill).
-Times are this process's CPU seconds (one torch thread; see bench_infer_common.timed: the
+Times are this process's CPU seconds (one torch thread; see bench_common.timed: the
 machine is shared), wall seconds recorded alongside. Writes benchmarks/results/generate.json.
 
     .venv/bin/python benchmarks/bench_generate.py [--threads 1] [--trials 3] [--requests 64] [--max-len 512]
@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt, timed  # noqa: E402
+from bench_common import RESULTS, finish, machine, timed  # noqa: E402
+from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import write_json  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
 
@@ -64,9 +65,10 @@ def batch1(ours, hf, trials: int) -> dict:
     order = random.Random(0)
     for t in range(trials):
         for name in order.sample(list(runs), len(runs)):
-            dt, outs[name] = timed(runs[name])
+            run = timed(runs[name])
+            dt, outs[name] = run.cpu_s, run.value
             times[name].append(dt)
-            walls[name].append(timed.last_wall)
+            walls[name].append(run.wall_s)
         print(f"  trial {t + 1}/{trials}: " + ", ".join(f"{k} {128 / v[-1]:.2f} tok/s" for k, v in times.items()),
               flush=True)
     tps = {k: 128 / statistics.median(v) for k, v in times.items()}
@@ -91,7 +93,8 @@ def workload(ours, hf, n: int, lo: int, hi: int, seed: int = 0, skip_hf: bool = 
     def ours_run(**kw):
         llm = LLM(ours, IdTokenizer(), **kw)
         params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in reqs]
-        dt, outs = timed(lambda: llm.generate([p for p, _ in reqs], params))
+        run = timed(lambda: llm.generate([p for p, _ in reqs], params))
+        dt, outs = run.cpu_s, run.value
         assert [len(o.token_ids) for o in outs] == [m for _, m in reqs]
         return dt, outs, llm
 
@@ -105,17 +108,18 @@ def workload(ours, hf, n: int, lo: int, hi: int, seed: int = 0, skip_hf: bool = 
 
     hf_outs = None
     if not skip_hf:
-        dt, hf_outs = timed(hf_run)
-        res["transformers_padded16"] = {"s": dt, "wall_s": timed.last_wall, "tokens_per_s": useful / dt}
-        print(f"transformers.generate, padded batches of 16: {dt:.1f} CPU s ({timed.last_wall:.1f} wall)", flush=True)
-    dt, dyn, _ = ours_run(scheduler="dynamic", max_batch=16, kv_cache="paged", max_num_batched_tokens=8192)
-    res["ours_dynamic16"] = {"s": dt, "wall_s": timed.last_wall, "tokens_per_s": useful / dt}
-    print(f"ours, dynamic batcher of 16: {dt:.1f} CPU s ({timed.last_wall:.1f} wall)", flush=True)
+        run = timed(hf_run)
+        dt, hf_outs = run.cpu_s, run.value
+        res["transformers_padded16"] = {"s": dt, "wall_s": run.wall_s, "tokens_per_s": useful / dt}
+        print(f"transformers.generate, padded batches of 16: {dt:.1f} CPU s ({run.wall_s:.1f} wall)", flush=True)
+    dt, dyn, _ = ours_run(scheduler="dynamic", max_num_seqs=16, kv_cache="paged", max_num_batched_tokens=8192)
+    res["ours_dynamic16"] = {"s": dt, "wall_s": run.wall_s, "tokens_per_s": useful / dt}
+    print(f"ours, dynamic batcher of 16: {dt:.1f} CPU s ({run.wall_s:.1f} wall)", flush=True)
     dt, cont, llm = ours_run(scheduler="continuous", kv_cache="paged", max_num_seqs=64, max_num_batched_tokens=512)
-    res["ours_continuous"] = {"s": dt, "wall_s": timed.last_wall, "tokens_per_s": useful / dt,
+    res["ours_continuous"] = {"s": dt, "wall_s": run.wall_s, "tokens_per_s": useful / dt,
                               "preemptions": llm.engine.scheduler.num_preemptions,
                               "kv_blocks": llm.engine.budget.num_blocks}
-    print(f"ours, continuous batching: {dt:.1f} CPU s ({timed.last_wall:.1f} wall)", flush=True)
+    print(f"ours, continuous batching: {dt:.1f} CPU s ({run.wall_s:.1f} wall)", flush=True)
     res["continuous_vs_dynamic"] = res["ours_dynamic16"]["s"] / res["ours_continuous"]["s"]
     if hf_outs is not None:
         res["continuous_vs_transformers"] = res["transformers_padded16"]["s"] / res["ours_continuous"]["s"]

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, finish, gpt2_124m, machine  # noqa: E402
+from bench_common import RESULTS, finish, machine  # noqa: E402
+from bench_infer_common import gpt2_124m  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.infer.paged_cache import BatchView, KVStorage  # noqa: E402
 from tinystack.infer.weight_arena import hugepages_available, place_weights  # noqa: E402

@@ -2,16 +2,11 @@
 weights in `transformers`), a tokenizer stand-in for token-id prompts, and the machine's load."""
 from __future__ import annotations
 
-import os
-import platform
 import tempfile
-import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks/results"
+from bench_common import RESULTS, ROOT  # noqa: F401  (re-exported for the inference benchmarks)
 
 
 class IdTokenizer:
@@ -43,35 +38,6 @@ def gpt2_124m(block_size: int = 1024, seed: int = 0, n_layer: int = 12):
         hf.save_pretrained(d, safe_serialization=True)
         ours = load_model(d)
     return ours, hf
-
-
-def machine() -> dict:
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "loadavg_at_start": os.getloadavg(),
-            # PyTorch's allocator asks for 2 MiB pages for every tensor when this is set (see BENCHMARKS.md)
-            "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE")}
-
-
-def finish(res: dict) -> dict:
-    res.setdefault("machine", {})["loadavg_at_end"] = os.getloadavg()
-    return res
-
-
-def timed(fn):
-    """(seconds, result) where seconds is this process's CPU time, not wall time.
-
-    The machine is shared: other engineers' jobs take cores away at random moments, which
-    changes wall time by 2-5x between back-to-back runs. With one torch thread, CPU time
-    counts only the work this process did (memory-bandwidth contention still shows), so
-    ratios between systems measured in one run stay meaningful. Wall time is kept in
-    `timed.last_wall` for the record."""
-    w0, c0 = time.perf_counter(), time.process_time()
-    out = fn()
-    timed.last_wall = time.perf_counter() - w0
-    return time.process_time() - c0, out
-
-
-timed.last_wall = 0.0
 
 
 def random_prompt(n: int, seed: int, vocab: int = 50257) -> list[int]:

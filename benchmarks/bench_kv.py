@@ -1,11 +1,12 @@
 """KV cache vs recompute: 128 new tokens after prompts of 64-1,024 tokens (GPT-2-124M shape, float32).
 
-With the cache (our engine, batch 1): prefill once, then one token per forward.
-Recompute: every new token runs the model over the whole sequence so far (only the last
-position through the output head, to be fair to it). Its 128 forwards are too slow to run
+With the cache (the engine, kv_cache="contiguous", batch 1): prefill once, then one token
+per forward. Recompute (`tinystack.infer.bench.Recompute`, the baseline `tinystack bench kv`
+runs on the engine): every new token runs the model over the whole sequence so far (only
+the last position through the output head, to be fair to it). Its 128 forwards are too slow to run
 in full at long prompts on this machine, so a few are timed (steps 0, 42, 85, 127 by
 default) and the rest integrated by the trapezoid rule (times: CPU seconds, one torch thread;
-see bench_infer_common.timed); at each timed step the recomputed
+see bench_common.timed); at each timed step the recomputed
 argmax must equal the token the cached decode produced. Writes
 benchmarks/results/kv_cache.json and kv_cache.png.
 
@@ -20,18 +21,19 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt, timed  # noqa: E402
+from bench_common import RESULTS, finish, machine, timed  # noqa: E402
+from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
+from tinystack.infer.bench import Recompute  # noqa: E402
 
 NEW = 128
 
 
 @torch.inference_mode()
-def recompute_step(model, seq: list[int]) -> tuple[float, int]:
-    ids = torch.tensor([seq])
-    dt, (logits, _) = timed(lambda: model(ids, logit_index=torch.tensor([len(seq) - 1])))
-    return dt, int(logits[0, -1].argmax())
+def recompute_step(model: Recompute, seq: list[int]) -> tuple[float, int]:
+    _, dt, logits = timed(lambda: model.last_logits(seq))
+    return dt, int(logits.argmax())
 
 
 def main() -> None:
@@ -46,15 +48,16 @@ def main() -> None:
     ours, _ = gpt2_124m(block_size=max(lengths) + NEW)  # past GPT-2's 1,024 positions: 1,024 + 128 new
     llm = LLM(ours, IdTokenizer(), kv_cache="contiguous", max_num_seqs=1, max_num_batched_tokens=max(lengths))
     llm.generate([random_prompt(16, 0)], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    baseline = Recompute(ours)
     rows = []
     for L in lengths:
         prompt = random_prompt(L, seed=L)
-        t_cache, out = timed(lambda: llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW,
+        _, t_cache, out = timed(lambda: llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW,
                                                                           ignore_eos=True))[0].token_ids)
         steps = sorted({round(i * (NEW - 1) / (args.samples - 1)) for i in range(args.samples)})
         times = []
         for i in steps:
-            dt, tok = recompute_step(ours, prompt + out[:i])
+            dt, tok = recompute_step(baseline, prompt + out[:i])
             assert tok == out[i], f"recompute diverged from the cached decode at prompt {L}, step {i}"
             times.append(dt)
         # trapezoid over the timed steps: estimated total of all NEW recompute forwards

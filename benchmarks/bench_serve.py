@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, IdTokenizer, finish, gpt2_124m, machine, random_prompt  # noqa: E402
+from bench_common import RESULTS, finish, machine  # noqa: E402
+from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.config import ServeConfig  # noqa: E402
 from tinystack.infer import AsyncEngine, LLMEngine, SamplingParams  # noqa: E402
@@ -66,12 +67,12 @@ class NumberTokenizer(IdTokenizer):
 
 def make_engine(model, mode: str) -> AsyncEngine:
     kw = {"continuous": dict(scheduler="continuous", max_num_seqs=64),
-          "dynamic": dict(scheduler="dynamic", max_batch=64, max_wait=0.05),
+          "dynamic": dict(scheduler="dynamic", max_num_seqs=64, max_wait=0.05),
           "none": dict(scheduler="continuous", max_num_seqs=1)}[mode]
     return AsyncEngine(LLMEngine(model, NumberTokenizer(), max_num_batched_tokens=2048, **kw))
 
 
-CFG = replace(ServeConfig(), max_num_seqs=64, max_queued_requests=512, timeout_s=600, stall_timeout_s=600,
+CFG = replace(ServeConfig(), max_queued_requests=512, timeout_s=600, stall_timeout_s=600,
               max_tokens_limit=1024)
 
 

@@ -4,7 +4,10 @@ A config is a tree of dataclasses, one section per layer. It is loaded from a TO
 file whose tables mirror the sections (``[data]``, ``[train]``, ...) and can be
 overridden from the command line with dotted ``section.key=value`` strings.
 Unknown sections or keys are an error (a typo must never be silently ignored), and
-every value is checked against the field's declared type.
+every value is checked against the field's declared type; a field with a fixed set of
+values is a `Literal[...]` and anything else is rejected with the allowed values named.
+Command-line flags generated from these fields (tinystack.cli_options) go through the
+same check.
 """
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from tinystack.errors import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,7 +26,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config file or override is malformed; the message says where and why."""
 
 
@@ -31,7 +36,7 @@ class DataConfig:
     corpus_max_docs: int = 0  # cap on built-in corpus records (0 = all)
     min_chars: int = 32  # length filter, after normalisation
     max_chars: int = 20_000
-    split_by: str = "source"  # "source" | "time"
+    split_by: Literal["source", "time"] = "source"
     val_fraction: float = 0.05  # share of records, whole sources at a time (split_by=source)
     test_fraction: float = 0.05
     val_from: str = ""  # ISO timestamps (split_by=time): [val_from, test_from) -> val, >= test_from -> test
@@ -57,16 +62,16 @@ class DataConfig:
     dedup_threshold: float = 0.85  # Jaccard of character shingles
     num_perm: int = 128
     shingle_k: int = 3
-    shingle_unit: str = "char"  # "char" | "word"
+    shingle_unit: Literal["char", "word"] = "char"
     leakage_threshold: float = 0.85  # val/test records this close to train (or test to val) are removed; 0 = off
     workers: int = 1  # processes for signatures
-    engine: str = "local"  # "local" | "ray"
+    engine: Literal["local", "ray"] = "local"
     ray_address: str = "local"  # "local" starts Ray here; "auto" joins a running cluster
 
 
 @dataclass
 class TokenizerConfig:
-    kind: str = "bpe"  # "bpe" (byte-level BPE) | "char" (one token per character of the train text)
+    kind: Literal["bpe", "char"] = "bpe"  # byte-level BPE | one token per character of the train text
     vocab_size: int = 2048  # bpe only
     max_train_chars: int = 2_000_000  # BPE is trained on at most this much of the train split
     position_split: float = 0.0  # > 0: re-split ALL text by position, this last fraction -> val (and test)
@@ -95,13 +100,15 @@ class TrainConfig:
     eval_interval: int = 250
     eval_iters: int = 20
     seed: int = 1337
-    backend: str = "torch"  # "torch" | "numpy" (the hand-written backward of tinystack.nn)
-    dtype: str = "float32"  # "float32" | "bfloat16" (autocast, CPU/CUDA) | "float16" (CUDA + GradScaler) | "float64"
+    backend: Literal["torch", "numpy"] = "torch"  # numpy: the hand-written backward of tinystack.nn
+    # bfloat16: autocast (CPU/CUDA); float16: CUDA + GradScaler
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
     grad_accum_steps: int = 1  # micro-batches of batch_size per optimiser step (per rank)
     compile: bool = False  # torch.compile the model
     ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end
     plot: bool = True  # write a PNG loss curve beside the training log
-    threads: int = 0  # torch intra-op threads (0 = torch's default, fastest on an idle machine); 1 helps when the cores are shared: under heavy load 2 threads ran 10-25x slower
+    # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran 10-25x slower (docs/train.md)
+    threads: int = 0  # torch intra-op threads (0 = torch's default: fastest on an idle machine)
 
 
 @dataclass
@@ -116,17 +123,17 @@ class EvalConfig:
     gen_max_tokens: int = 32
     regression_cases: int = 16  # cases `tinystack run` builds from the held-out split
     regression_tolerance: float = 0.05  # nats/token a case may worsen before it counts as a regression
-    threads: int = 0  # torch intra-op threads while evaluating (0 = torch's default); 1 when the cores are shared, see eval/threads.py
+    threads: int = 0  # torch intra-op threads while evaluating (0 = torch's default; 1 when the cores are shared)
 
 
 @dataclass
 class ServeConfig:
+    """The HTTP server (tinystack.serve); the engine behind it is built from [infer]."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str = ""  # id in /v1/models and responses; "" = the model directory's name
-    batching: str = "continuous"  # "continuous" | "dynamic" | "none" (AsyncEngine) | "threads" (batch-1 Engine)
-    max_num_seqs: int = 8  # sequences the engine generates at once
-    max_queued_requests: int = 32  # sequences waiting beyond that; more -> 429 at once
+    max_queued_requests: int = 32  # sequences waiting beyond infer.max_num_seqs; more -> 429 at once
     timeout_s: float = 10.0  # per request (queue + generation); a request may ask for less
     stall_timeout_s: float = 5.0  # no token for this long = the engine stalled
     max_prompt_chars: int = 8_000
@@ -147,7 +154,7 @@ class ServeConfig:
     drain_delay_s: float = 0.0  # SIGTERM: keep accepting (with /ready 503) this long first
     # observability (tinystack.observe; docs/observe.md)
     price_per_device_hour: float = 0.085  # USD per busy device-hour (default ~ a 2-vCPU cloud instance)
-    otel_exporter: str = ""  # OpenTelemetry spans: "" (off) | "console" | "otlp" (needs the [otel] extra)
+    otel_exporter: Literal["", "console", "otlp"] = ""  # OpenTelemetry spans ("" = off; otlp needs the [otel] extra)
     gc_freeze: bool = True  # gc.freeze() at start-up: the loaded model is never traversed by the collector
     loop_lag_interval_s: float = 0.1  # event-loop lag probe period (0 = off)
     log_text: bool = False  # prompts and outputs in the request log (tinystack serve)
@@ -155,22 +162,24 @@ class ServeConfig:
 
 @dataclass
 class InferConfig:
-    """The inference engine (tinystack.infer.LLMEngine); `engine_kwargs()` turns it into LLM/AsyncEngine kwargs."""
+    """The inference engine (tinystack.infer.LLMEngine), for `generate`, `serve` and `bench serve` alike:
+    `load_kwargs()` + `engine_kwargs()` are the LLM / AsyncEngine.from_dir kwargs."""
 
-    backend: str = "torch"  # "torch" | "numpy" (the NumPy GPT, reference only)
-    dtype: str = "auto"  # "auto" (CPU: the fastest weight format within perplexity bounds, measured) | "float32" | ...
-    quantize: str = ""  # linear weights: "" | "bf16" | "q8_0" ("int8") | "q4_0" | "q4_1" (infer/quant; beats auto)
-    kv_cache: str = "paged"  # "paged" | "contiguous"
-    scheduler: str = "continuous"  # "continuous" | "dynamic"
+    backend: Literal["torch", "numpy"] = "torch"  # numpy: the NumPy GPT, reference only
+    # auto (CPU): the fastest weight format within perplexity bounds, measured here and cached (infer/quant/auto.py)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # linear weights kept quantised (infer/quant; beats auto): bf16, GGUF blocks q8_0 (= int8), q4_0, q4_1
+    quantize: Literal["", "bf16", "q8_0", "int8", "q4_0", "q4_1"] = ""
+    kv_cache: Literal["paged", "contiguous"] = "paged"  # contiguous: one whole-context block per sequence
+    scheduler: Literal["continuous", "dynamic"] = "continuous"  # dynamic: batches run to completion
     block_size: int = 16  # tokens per KV block (paged)
-    max_num_seqs: int = 64
+    max_num_seqs: int = 64  # sequences generated at once (dynamic: the batch size; 1 = no batching)
     max_num_batched_tokens: int = 512  # per step: decodes + prefill chunks
     enable_prefix_caching: bool = True
     memory_limit_mb: int = 0  # 0 = GPU free memory on CUDA, cpu_memory_fraction of available RAM on CPU
     memory_buffer: float = 0.2  # share of memory_limit kept free
     cpu_memory_fraction: float = 0.25
-    max_batch: int = 16  # dynamic batcher: flush at this many requests ...
-    max_wait_s: float = 0.05  # ... or when the oldest has waited this long
+    max_wait_s: float = 0.05  # dynamic: a batch starts when max_num_seqs wait, or the oldest has waited this long
     hugepages: bool = True  # CPU: weights and KV cache in 2 MiB pages (infer/weight_arena.py)
 
     def engine_kwargs(self) -> dict[str, Any]:
@@ -178,8 +187,12 @@ class InferConfig:
                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "memory_limit": self.memory_limit_mb * 2**20 or None, "memory_buffer": self.memory_buffer,
-                "cpu_memory_fraction": self.cpu_memory_fraction, "max_batch": self.max_batch,
-                "max_wait": self.max_wait_s, "hugepages": self.hugepages}
+                "cpu_memory_fraction": self.cpu_memory_fraction, "max_wait": self.max_wait_s,
+                "hugepages": self.hugepages}
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """backend, dtype, quantize: how `load_for_inference` (and LLM / AsyncEngine.from_dir) load the model."""
+        return {"backend": self.backend, "dtype": self.dtype, "quantize": self.quantize or None}
 
 
 @dataclass
@@ -218,6 +231,11 @@ class Config:
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Check (and for ints -> floats, widen) a value against a dataclass field type."""
     origin = typing.get_origin(typ)
+    if origin is Literal:
+        allowed = typing.get_args(typ)
+        if isinstance(value, bool) or value not in allowed:
+            raise ConfigError(f"{where}: expected one of {', '.join(map(repr, allowed))}, got {value!r}")
+        return value
     if origin is list:
         (item,) = typing.get_args(typ)
         if not isinstance(value, list):
@@ -250,8 +268,10 @@ def _parse_override_value(text: str) -> Any:
         return text
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults, then the TOML file (if any), then `section.key=value` overrides, in that order."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                flags: dict[str, Any] | None = None) -> Config:
+    """Defaults, then the TOML file (if any), then `section.key=value` overrides, then `flags`
+    ({"section.key": value} from command-line flags named --key), in that order."""
     cfg = Config()
     if path is not None:
         path = Path(path)
@@ -272,4 +292,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         dotted, raw = item.split("=", 1)
         section, key = dotted.strip().split(".", 1)
         _apply(cfg, section, key, _parse_override_value(raw.strip()), f"override {item!r}")
+    for dotted, value in (flags or {}).items():
+        section, key = dotted.split(".", 1)
+        _apply(cfg, section, key, value, f"--{key.replace('_', '-')}")
     return cfg

@@ -1,4 +1,5 @@
 """The typed config: TOML, then overrides; typos and wrong types are errors, never ignored."""
+import typing
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,46 @@ def test_bad_overrides_and_missing_file(tmp_path):
         load_config(None, ["train.learning_rate=fast"])
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.toml")
+
+
+def _literal_fields():
+    for section, cls in typing.get_type_hints(Config).items():
+        for name, typ in typing.get_type_hints(cls).items():
+            if typing.get_origin(typ) is typing.Literal:
+                yield f"{section}.{name}", typing.get_args(typ), getattr(getattr(Config(), section), name)
+
+
+LITERALS = list(_literal_fields())
+
+
+def test_fixed_choice_fields_are_literals():
+    names = {name for name, _, _ in LITERALS}
+    assert {"infer.kv_cache", "infer.scheduler", "infer.dtype", "infer.quantize", "infer.backend", "train.dtype",
+            "train.backend", "tokenizer.kind", "data.split_by", "data.shingle_unit", "data.engine",
+            "serve.otel_exporter"} <= names
+    for name, allowed, default in LITERALS:
+        assert default in allowed, name
+
+
+@pytest.mark.parametrize("name, allowed, default", LITERALS, ids=[n for n, _, _ in LITERALS])
+def test_every_choice_is_accepted_and_anything_else_refused_naming_the_choices(tmp_path, name, allowed, default):
+    section, key = name.split(".")
+    for value in allowed:
+        assert getattr(getattr(load_config(None, [f'{name}="{value}"']), section), key) == value
+    listed = ", ".join(map(repr, allowed))
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{name}=bogus"])
+    assert str(e.value) == f"override '{name}=bogus': {name}: expected one of {listed}, got 'bogus'"
+    path = tmp_path / "c.toml"
+    path.write_text(f"[{section}]\n{key} = 3\n")
+    with pytest.raises(ConfigError, match=rf"{name}: expected one of .*, got 3$"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=rf"^--{key.replace('_', '-')}: {name}: expected one of"):
+        load_config(None, [], {name: "bogus"})
+
+
+def test_the_old_serve_engine_keys_are_gone_and_point_nowhere():
+    """max_num_seqs has one home ([infer]); serve.batching is infer.scheduler / infer.max_num_seqs=1."""
+    for key in ("serve.max_num_seqs=4", "serve.batching=dynamic", "infer.max_batch=4"):
+        with pytest.raises(ConfigError, match="unknown key"):
+            load_config(None, [key])

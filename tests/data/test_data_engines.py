@@ -72,8 +72,9 @@ def test_dedup_command_outputs(tmp_path):
 
     from tinystack.data.commands import app
 
-    res = CliRunner().invoke(app, ["dedup", "--input", str(path), "--out", str(tmp_path / "o"), "--threshold", "0.85",
-                                   "--text-field", "content", "--source-field", "url", "--no-progress"])
+    res = CliRunner().invoke(app, ["dedup", "--input", str(path), "--out", str(tmp_path / "o"),
+                                   "--dedup-threshold", "0.85", "--text-field", "content", "--source-field", "url",
+                                   "--no-progress"])
     assert res.exit_code == 0, res.output
     kept = read_jsonl_dicts(tmp_path / "o" / "kept.jsonl")
     dups = read_jsonl_dicts(tmp_path / "o" / "duplicates.jsonl")

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from datasketch import MinHashLSH
 
+from tinystack.data.dedup import near_duplicates as nd
+from tinystack.data.dedup.index import NearDupIndex
 from tinystack.data.dedup.lsh import candidate_probability, optimal_bands
 from tinystack.data.dedup.minhash import MinHasher, MinHashParams, estimate_jaccard, jaccard_std
-from tinystack.data.dedup.near_step import NearDedup
-from tinystack.data.dedup.index import NearDupIndex
 from tinystack.data.dedup.near_duplicates import NearDupParams, find_pairs
-from tinystack.data.io.records import Record
+from tinystack.data.dedup.near_step import NearDedup
 from tinystack.data.dedup.shingles import exact_jaccard, shingle_set
+from tinystack.data.io.records import Record
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -116,7 +117,17 @@ def test_exact_duplicate_shares_cluster_and_verification_rejects_far_pairs():
     assert len(pairs) == 0
 
 
-def test_verified_pairs_equal_exact_ground_truth():
+@pytest.mark.parametrize("small_chunks", [False, True])
+def test_verified_pairs_equal_exact_ground_truth(small_chunks, monkeypatch):
+    """With `small_chunks`, verification fetches texts over many rounds and intersects the
+    sets in many small groups (3-bit pair tags: groups of 7 pairs, a few hundred values):
+    the same pairs and Jaccard values as in one round."""
+    if small_chunks:
+        monkeypatch.setattr(nd, "_EXACT_PAIRS", 3)
+        monkeypatch.setattr(nd, "_EXACT_MIN_PAIRS", 1)
+        monkeypatch.setattr(nd, "_EXACT_CHARS", 2000)
+        monkeypatch.setattr(nd, "_VERIFY_VALUES", 500)
+        monkeypatch.setattr(nd, "_TAG_BITS", 3)
     rng = random.Random(3)
     texts = []
     for _ in range(30):
@@ -126,6 +137,9 @@ def test_verified_pairs_equal_exact_ground_truth():
     truth = {(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))
              if exact_jaccard(sets[i], sets[j]) >= 0.85}
     texts_of = lambda ix: {int(i): texts[i] for i in ix}
-    pairs, _ = find_pairs(MinHasher().signatures(texts), NearDupParams(), texts_of)
+    calls = []
+    pairs, jac = find_pairs(MinHasher().signatures(texts), NearDupParams(), lambda ix: calls.append(1) or texts_of(ix))
     assert set(map(tuple, pairs.tolist())) == truth
+    assert jac.tolist() == [exact_jaccard(sets[i], sets[j]) for i, j in pairs.tolist()]
     assert len(truth) >= 10  # the planted pairs are really there
+    assert (len(calls) > 5) == small_chunks

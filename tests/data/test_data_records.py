@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tinystack.data.io.records import Record, RecordError, parse_timestamp, write_jsonl
 from tinystack.data.io.readers import read_jsonl
+from tinystack.data.io.records import Record, RecordError, parse_timestamp, write_jsonl
 from tinystack.data.io.rejects import Rejects
 
 
@@ -124,3 +124,29 @@ def test_rejects_write_is_atomic(tmp_path, monkeypatch):
         rj.write(path)
     monkeypatch.undo()
     assert path.read_bytes() == before
+
+
+def test_spool_returns_every_record_with_its_origin_in_order():
+    """Batched pickles: records across several full batches and a partial one come back
+    equal, with origin, as often as asked; `texts` reads any subset; appending after a
+    pass is allowed."""
+    from tinystack.data.io import spool as spool_mod
+    from tinystack.data.io.spool import Spool
+
+    n = 2 * spool_mod.BATCH + 37
+    recs = [Record(text=f"doc {i} 日本語", source=f"s{i % 3}", label={"k": [i]} if i % 2 else None,
+                   timestamp="2024-03-01T12:00:00Z" if i % 5 == 0 else None, id=i if i % 7 else None,
+                   extra={"lang": "ja"} if i % 4 == 0 else {}, origin=("in.jsonl", i + 1)) for i in range(n)]
+    s = Spool()
+    try:
+        for r in recs:
+            s.append(r)
+        assert len(s) == n
+        first, second = list(s), list(s)
+        assert first == recs and second == recs and [r.origin for r in first] == [r.origin for r in recs]
+        wanted = {0, 1, spool_mod.BATCH - 1, spool_mod.BATCH, n - 1, n + 5}
+        assert s.texts(wanted) == {i: recs[i].text for i in wanted if i < n}
+        s.append(Record(text="late", origin=("x", 1)))
+        assert [r.text for r in s][-2:] == [recs[-1].text, "late"] and s.texts({n}) == {n: "late"}
+    finally:
+        s.close()

@@ -1,18 +1,31 @@
 """The vectorised signature path against plain definitions (issue 3): batched shingling
 equals the per-character definition of a k-gram key, every signature row equals
 min_x (a_i x + b_i) mod 2**32 over the text's distinct shingle keys whatever the
-batching, and the 3-sd check's exact binomial interval."""
+batching, and the 3-sd check's exact binomial interval. Issue 17's batched paths:
+canonical text, fold-after-normalise, vectorised exact Jaccard of candidate pairs."""
 from __future__ import annotations
 
 import math
 import random
+import sys
+import unicodedata
 
 import numpy as np
 import pytest
 from scipy.stats import binom
 
 from tinystack.data.dedup.minhash import _CHUNK, EMPTY, MinHasher, MinHashParams, estimate_interval
-from tinystack.data.dedup.shingles import canonical, exact_jaccard, mix64, shingle_hashes, shingle_hashes_batch, shingle_set
+from tinystack.data.dedup.near_duplicates import pair_jaccard
+from tinystack.data.dedup.shingles import (
+    canonical,
+    canonical_batch,
+    exact_jaccard,
+    fold_canonical,
+    mix64,
+    shingle_hashes,
+    shingle_hashes_batch,
+    shingle_set,
+)
 
 TEXTS = ["", "   ", "a", "ab", "abc", "Hello,   World!\n\tagain", "中", "中文", "机器学习是人工智能的一个分支。",
          "ＡＢＣ　ｄｅｆ，全角", "x", "e\u0301 café ﬁ", "word " * 7, "😀🙂 emoji and astral 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"]
@@ -60,8 +73,8 @@ def reference_signature(hasher: MinHasher, text: str) -> np.ndarray:
 def test_signatures_equal_the_definition_whatever_the_batching():
     rng = random.Random(0)
     long_text = "".join(chr(0x4E00 + rng.randrange(3000)) for _ in range(3 * _CHUNK))  # > one tile
-    texts = TEXTS + [long_text] + [" ".join(rng.choice(["alpha", "beta", "gamma"]) for _ in range(rng.randrange(1, 400)))
-                                   for _ in range(40)]
+    texts = TEXTS + [long_text] + [" ".join(rng.choice(["alpha", "beta", "gamma"])
+                                            for _ in range(rng.randrange(1, 400))) for _ in range(40)]
     hasher = MinHasher(MinHashParams(num_perm=40, seed=3))  # not a multiple of the tile's block
     want = np.stack([reference_signature(hasher, t) for t in texts])
     assert np.array_equal(hasher.signatures(texts), want)
@@ -108,3 +121,47 @@ def test_estimates_follow_the_binomial_across_the_jaccard_range():
     sd = np.sqrt(jx * (1 - jx) / 128)
     ok = sd > 0
     assert 0.7 < (((est - jx)[ok] / sd[ok]) ** 2).mean() < 1.4
+
+
+def plain_canonical(text: str, casefold: bool) -> str:
+    """The definition: NFKC, case folding, whitespace runs -> one space."""
+    text = unicodedata.normalize("NFKC", text)
+    return " ".join((text.casefold() if casefold else text).split())
+
+
+def test_batched_canonical_equals_the_definition():
+    rng = random.Random(2)
+    pool = "ＡＢｚ０９，。！　\u3000 \t\n\u2028ﬁ①㎏e\u0301Å中文ΣΑΣßẞİ😀𝔘" + "abc DEF"
+    texts = TEXTS + ["".join(rng.choice(pool) for _ in range(rng.randrange(0, 60))) for _ in range(300)]
+    for cf in (True, False):
+        assert canonical_batch(texts, cf) == [plain_canonical(t, cf) for t in texts]
+        assert [canonical(t, cf) for t in texts] == [plain_canonical(t, cf) for t in texts]
+
+
+def test_folding_the_cased_canonical_text_equals_the_folded_one():
+    """The dedup step normalises once and folds after (`fold_canonical`): equal to normalising
+    the folded text for every code point (folding never touches whitespace)."""
+    cps = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000]
+    rng = random.Random(4)
+    chunks = ["".join(cps[i : i + 2000]) for i in range(0, len(cps), 2000)]
+    chunks += [" ".join(rng.sample(cps, 50)) for _ in range(50)]
+    assert [fold_canonical(c) for c in canonical_batch(chunks, False)] == canonical_batch(chunks, True)
+
+
+def test_vectorised_pair_jaccard_equals_exact_jaccard():
+    rng = np.random.default_rng(6)
+    sets = [np.unique(rng.integers(0, 300, size=rng.integers(0, 120))).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            for _ in range(60)]
+    sets = [np.sort(s) for s in sets] + [np.zeros(0, np.uint64)]
+    # two values equal in their top 52 bits: their keys collide, so that group is counted pair by pair
+    near = np.array([5 << 12, (5 << 12) | 1, 7 << 40], dtype=np.uint64)
+    sets += [near, near[[1, 2]]]
+    values, sizes = np.concatenate(sets), np.array([len(s) for s in sets])
+    pairs = rng.integers(0, len(sets), size=(500, 2))
+    empty, n1, n2 = len(sets) - 3, len(sets) - 2, len(sets) - 1
+    pairs = np.concatenate([pairs, [[empty, empty], [n1, n2], [n2, n1], [n1, n1]]])
+    want = [exact_jaccard(sets[i], sets[j]) for i, j in pairs.tolist()]
+    assert pair_jaccard(values, sizes, pairs[:, 0], pairs[:, 1]).tolist() == want
+    alone = pair_jaccard(values, sizes, pairs[:-2, 0], pairs[:-2, 1])  # no colliding b-set: the vectorised path
+    assert alone.tolist() == want[:-2]
+    assert 0 < np.mean(np.array(want) > 0) < 1  # some overlapping and some disjoint pairs

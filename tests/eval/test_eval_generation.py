@@ -32,3 +32,24 @@ def test_a_model_that_repeats_one_token_is_flagged_as_looping():
     assert greedy["looping"] == 2 and greedy["mean_repetition_rate"] > 0.5
     assert greedy["distinct_1"] == pytest.approx(1 / 24)
     assert res["sampled"]["samples"][0]["tokens"] > 0
+
+
+def test_evaluation_generates_as_inference_does(toy_model_dir):
+    """Evaluation loads the model directory with inference's tokenizer and its generation checks are the
+    engine's own outputs: one batch, greedy and seeded sampling, the same tokens as LLM.generate."""
+    from tinystack.eval.gate import load_model_dir
+    from tinystack.infer import LLM, SamplingParams
+
+    prompts = ["the big cat", "", "the small"]
+    model, tok = load_model_dir(toy_model_dir)
+    llm = LLM(toy_model_dir, memory_limit=2**30)
+    assert type(tok) is type(llm.tokenizer)
+    for p in prompts:
+        assert tok.encode_ordinary(p) == llm.tokenizer.encode_ordinary(p)
+    res = generation_checks(model, tok, prompts, max_tokens=8, temperature=0.9, top_k=20, top_p=0.9)
+    want = llm.generate(prompts * 2, [SamplingParams(max_tokens=8, temperature=0.0, seed=i) for i in range(3)]
+                        + [SamplingParams(max_tokens=8, temperature=0.9, top_k=20, top_p=0.9, seed=i)
+                           for i in range(3)])
+    got = res["greedy"]["samples"] + res["sampled"]["samples"]
+    assert [s["completion"] for s in got] == [o.text for o in want]
+    assert [s["tokens"] for s in got] == [len(o.token_ids) for o in want]

@@ -72,7 +72,7 @@ def test_regress_command_exit_status(toy_model_dir, perturbed_dir, toy_rng_doc, 
     assert bad.exit_code == 1, bad.output
     assert "worse" in bad.output and "REGRESSED" in bad.output
     # a huge tolerance forgives score drifts, but never a case that passed before and fails now
-    loose = runner.invoke(app, [*args, "--model", str(perturbed_dir), "--tolerance", "100",
+    loose = runner.invoke(app, [*args, "--model", str(perturbed_dir), "--regression-tolerance", "100",
                                 "--out", str(tmp_path / "loose.json")])
     rows = json.loads((tmp_path / "loose.json").read_text())["rows"]
     flips = [r for r in rows if r["baseline_passed"] and not r["new_passed"]]

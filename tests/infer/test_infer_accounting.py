@@ -52,8 +52,8 @@ def test_request_shares_add_up_to_the_steps(model):
     # r0 fed at least as many tokens as r1 in every step r1 was in, and ran in more steps: it paid more
     assert outputs["r0"].metrics.device_s > outputs["r1"].metrics.device_s
     m = outputs["r2"].metrics
-    assert m.arrival <= m.first_scheduled <= m.first_token <= m.last_token <= m.finished
-    assert m.prefill_s == pytest.approx(m.first_token - m.first_scheduled)
+    assert m.arrival <= m.scheduled <= m.first_token <= m.last_token <= m.finished
+    assert m.prefill_s == pytest.approx(m.first_token - m.scheduled)
 
 
 def test_aborted_request_keeps_what_it_cost(model):

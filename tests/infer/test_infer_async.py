@@ -42,7 +42,7 @@ def test_streams_concatenate_to_the_offline_result(model, aengine):
     for (text, ids, last), want in zip(asyncio.run(main()), offline):
         assert text == want.text and ids == want.token_ids and last.finish_reason == want.finish_reason
         m = last.output.metrics
-        assert m.arrival <= m.first_scheduled <= m.first_token <= m.last_token
+        assert m.arrival <= m.scheduled <= m.first_token <= m.last_token
     assert aengine.num_used_blocks == 0
 
 

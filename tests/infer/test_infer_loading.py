@@ -5,11 +5,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tinystack.infer import LLM, Engine, SamplingParams
+from tinystack.infer import LLM, SamplingParams
 from tinystack.infer.quant.linear import QuantLinear, quantize_model
-from tinystack.infer.tokenizer import load_tokenizer
 from tinystack.model import GPT, GPTConfig, save_model
-from tinystack.tokenizer import BPETokenizer
+from tinystack.tokenizer import BPETokenizer, load_tokenizer
 
 TEXT = ["def generate(prompt, params):\n    return engine.run(prompt) + 'héllo ✓'\n"] * 20
 
@@ -33,14 +32,17 @@ def test_one_tokenizer_path_matches_our_bpe(model_dir):
     assert loaded.eos_token_id == ours.eos_token_id
 
 
-def test_llm_and_engine_from_a_model_directory_agree(model_dir):
+def test_llm_batch_equals_each_prompt_alone_from_a_model_directory(model_dir):
+    """The batched engine and an unbatched one (max_num_seqs=1, one prompt at a time) give the same tokens."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = LLM(model_dir, dtype="float32", memory_limit=2**30, max_num_seqs=4)
-    out = llm.generate(["def generate(", "héllo"], params)
-    single = Engine.from_dir(model_dir)  # float32
-    for o, p in zip(out, ["def generate(", "héllo"]):
-        assert o.token_ids == single.generate(p, params).token_ids
+    prompts = ["def generate(", "héllo", ""]
+    out = LLM(model_dir, dtype="float32", memory_limit=2**30, max_num_seqs=4).generate(prompts, params)
+    single = LLM(model_dir, dtype="float32", memory_limit=2**30, max_num_seqs=1)
+    for o, p in zip(out, prompts):
+        alone = single.generate([p], params)[0]
+        assert o.token_ids == alone.token_ids
         assert o.text == single.tokenizer.decode(o.token_ids)
+    assert out[2].prompt_token_ids == [single.tokenizer.eos_token_id]  # an empty prompt starts from EOS
 
 
 def test_generate_cli_streams_the_continuation(model_dir):
@@ -76,3 +78,16 @@ def test_q8_0_weights_are_a_quarter_and_close(model_dir):
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     out = LLM(model_dir, quantize="int8", memory_limit=2**30, max_num_seqs=2).generate(["def "], greedy)[0]
     assert len(out.token_ids) == 8
+
+
+def test_generate_cli_refuses_a_prompt_over_the_context_in_one_line(model_dir):
+    import typer
+
+    from tinystack.infer.commands import generate
+
+    app = typer.Typer()
+    app.command()(generate)
+    res = CliRunner().invoke(app, ["--model", str(model_dir), "--prompt", "def generate(prompt) " * 40],
+                             env={"COLUMNS": "300"})  # the message on one line of the error box
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "the model's context is 64 tokens" in res.output

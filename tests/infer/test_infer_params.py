@@ -74,7 +74,7 @@ def test_logprobs_are_log_softmax_of_the_model(llm):
 def test_request_output_has_timing_in_order(llm):
     out = llm.generate(["timing"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
     m = out.metrics
-    assert m.arrival <= m.first_scheduled <= m.first_token <= m.last_token <= m.finished
+    assert m.arrival <= m.scheduled <= m.first_token <= m.last_token <= m.finished
     assert m.ttft_s >= 0 and m.decode_s >= 0
 
 

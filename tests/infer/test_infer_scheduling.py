@@ -7,7 +7,7 @@ import pytest
 import torch
 from infer_helpers import ToyTokenizer
 
-from tinystack.infer import AdmissionError, LLMEngine, PromptTooLongError, SamplingParams
+from tinystack.infer import AdmissionError, LLMEngine, PromptError, PromptTooLongError, SamplingParams
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.model import GPT, GPTConfig
 
@@ -58,10 +58,10 @@ def test_finished_sequences_leave_and_waiting_ones_join_next_step(model):
 
 
 def test_dynamic_batcher_flushes_on_size_or_wait_and_runs_to_completion(model):
-    engine = _engine(model, scheduler="dynamic", max_batch=3, max_wait=0.2)
+    engine = _engine(model, scheduler="dynamic", max_num_seqs=3, max_wait=0.2)
     p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     engine.add_request("a", [5] * 4, p)
-    assert engine.step() == []  # 1 < max_batch and max_wait not reached
+    assert engine.step() == []  # 1 < max_num_seqs and max_wait not reached
     time.sleep(0.25)
     assert engine.step()  # the oldest waited max_wait: flushed
     engine.add_request("b", [6] * 4, p)
@@ -70,7 +70,7 @@ def test_dynamic_batcher_flushes_on_size_or_wait_and_runs_to_completion(model):
         engine.step()
     for rid in "cd":
         engine.add_request(rid, [7] * 4, p)
-    engine.step()  # b, c, d: max_batch reached, flushed at once
+    engine.step()  # b, c, d: max_num_seqs reached, flushed at once
     assert sorted(s.request_id for s in engine.scheduler.running) == ["b", "c", "d"]
 
 
@@ -98,10 +98,30 @@ def test_requests_that_can_never_fit_are_refused_with_numbers(model):
         _engine(model, memory_limit=1000)
 
 
+def test_prompt_rules_live_in_the_engine(model):
+    """encode_prompt: text or ids -> what runs; empty starts from EOS; a full context or no EOS is refused."""
+    engine = _engine(model)
+    tok = ToyTokenizer()
+    assert engine.encode_prompt("abc") == tok.encode_ordinary("abc")
+    assert engine.encode_prompt("") == engine.encode_prompt([]) == [tok.eos_token_id]
+    assert engine.encode_prompt([7] * 127) == [7] * 127  # one position left for the new token
+    with pytest.raises(PromptTooLongError, match="prompt is 128 tokens; .* at most 127 tokens"):
+        engine.encode_prompt("x" * 128)
+    seq = engine.add_request("empty", "", SamplingParams(max_tokens=2))
+    assert seq.prompt_ids == [tok.eos_token_id] and seq.max_new_tokens == 2
+
+    class NoEos(ToyTokenizer):
+        eos_token_id = None
+        eos_token_ids = frozenset()
+
+    with pytest.raises(PromptError, match="empty and the tokenizer has no EOS"):
+        LLMEngine(model, NoEos(), memory_limit=2**30, verbose=False).add_request(None, "", SamplingParams())
+
+
 def test_infer_config_section_builds_the_engine(model):
     from tinystack.config import InferConfig
 
-    cfg = InferConfig(kv_cache="contiguous", scheduler="dynamic", max_batch=3, memory_limit_mb=64, memory_buffer=0.5)
+    cfg = InferConfig(kv_cache="contiguous", scheduler="dynamic", max_num_seqs=3, memory_limit_mb=64, memory_buffer=0.5)
     engine = LLMEngine(model, ToyTokenizer(), **cfg.engine_kwargs())
-    assert engine.kv_cache == "contiguous" and engine.scheduler.max_batch == 3
+    assert engine.kv_cache == "contiguous" and engine.scheduler.max_num_seqs == 3
     assert engine.budget.memory_limit == 64 * 2**20 and engine.budget.block_size == 128  # one block per sequence

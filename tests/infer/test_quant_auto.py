@@ -34,8 +34,8 @@ def test_pick_is_the_fastest_format_within_its_bound():
 
 
 def test_measure_scores_fastest_first_and_stops_at_the_first_accurate_one(model_dir):
-    from tinystack.infer.tokenizer import load_tokenizer
     from tinystack.model import load_model
+    from tinystack.tokenizer import load_tokenizer
 
     model = load_model(model_dir)
     ids = auto.calibration_ids(load_tokenizer(model_dir), model.config.block_size)
@@ -52,8 +52,8 @@ def test_measure_scores_fastest_first_and_stops_at_the_first_accurate_one(model_
 
 
 def test_the_decision_is_cached_per_model_cpu_and_torch(model_dir, tmp_path, monkeypatch):
-    from tinystack.infer.tokenizer import load_tokenizer
     from tinystack.model import load_model
+    from tinystack.tokenizer import load_tokenizer
 
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
     lines = []

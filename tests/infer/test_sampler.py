@@ -1,17 +1,26 @@
-"""Sampling: greedy is argmax, filters keep exactly the allowed tokens, seeds reproduce."""
+"""Sampling (`sample_batch`, the engine's one sampler): greedy is argmax, filters keep exactly the
+allowed tokens, seeds reproduce."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tinystack.infer import SamplingParams, sample_next, top_k_filter, top_p_filter
+from tinystack.infer import SamplingParams, sample_batch, top_k_filter, top_p_filter
+from tinystack.infer.sampler import SampleRow
 
 
 def _logits(batch=4, vocab=50, seed=0):
     return torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)) * 3
 
 
+def _sample(logits, params, gen=None):
+    """One token per row of `logits`, every row with the same params and generator."""
+    return sample_batch(logits, [SampleRow(params, gen, [], []) for _ in range(logits.size(0))])[0]
+
+
 def test_greedy_is_argmax():
     logits = _logits()
-    assert torch.equal(sample_next(logits, SamplingParams(temperature=0.0)), logits.argmax(-1))
+    assert _sample(logits, SamplingParams(temperature=0.0)) == logits.argmax(-1).tolist()
 
 
 def test_top_k_never_emits_outside_top_k():
@@ -19,7 +28,7 @@ def test_top_k_never_emits_outside_top_k():
     allowed = torch.topk(logits, 5, dim=-1).indices
     gen = torch.Generator().manual_seed(0)
     for _ in range(300):
-        tok = sample_next(logits, SamplingParams(temperature=2.0, top_k=5), gen)
+        tok = torch.tensor(_sample(logits, SamplingParams(temperature=2.0, top_k=5), gen))
         assert (allowed == tok[:, None]).any(-1).all()
 
 
@@ -30,8 +39,8 @@ def test_top_p_never_emits_outside_nucleus():
     gen = torch.Generator().manual_seed(0)
     seen = set()
     for _ in range(300):
-        tok = sample_next(logits, SamplingParams(temperature=1.0, top_p=p), gen)
-        for row, t in enumerate(tok.tolist()):
+        tok = _sample(logits, SamplingParams(temperature=1.0, top_p=p), gen)
+        for row, t in enumerate(tok):
             # t is in the nucleus iff the mass of tokens strictly more likely than t is < p
             assert probs[row][probs[row] > probs[row, t]].sum() < p
             seen.add((row, t))
@@ -50,13 +59,27 @@ def test_filters_keep_exact_sets():
 def test_fixed_seed_reproduces_and_differs_across_seeds():
     logits = _logits(batch=1, vocab=1000)
     params = SamplingParams(temperature=1.5)
-    draw = lambda s: [int(sample_next(logits, params, torch.Generator().manual_seed(s))) for _ in range(1)]
-    runs = [[int(sample_next(logits, params, g)) for _ in range(20)]
+    runs = [[_sample(logits, params, g)[0] for _ in range(20)]
             for g in (torch.Generator().manual_seed(7), torch.Generator().manual_seed(7))]
     assert runs[0] == runs[1]
-    other = [int(sample_next(logits, params, g)) for g in [torch.Generator().manual_seed(8)] for _ in range(20)]
+    other = [_sample(logits, params, g)[0] for g in [torch.Generator().manual_seed(8)] for _ in range(20)]
     assert other != runs[0]
-    assert draw(7) == runs[0][:1]
+    assert _sample(logits, params, torch.Generator().manual_seed(7)) == runs[0][:1]
+
+
+def test_each_row_draws_from_its_own_generator():
+    """A row's draws depend only on its own seed, not on what else is in the batch."""
+    logits = _logits(batch=3, vocab=500)
+    params = SamplingParams(temperature=1.2)
+    alone = [sample_batch(logits[1:2], [SampleRow(params, torch.Generator().manual_seed(5), [], [])])[0][0]
+             for _ in range(5)]
+    mixed = []
+    for _ in range(5):
+        rows = [SampleRow(params, torch.Generator().manual_seed(99), [], []),
+                SampleRow(params, torch.Generator().manual_seed(5), [], []),
+                SampleRow(SamplingParams(temperature=0), None, [], [])]
+        mixed.append(sample_batch(logits, rows)[0][1])
+    assert mixed == alone
 
 
 @pytest.mark.parametrize("kwargs, msg", [
@@ -66,12 +89,6 @@ def test_fixed_seed_reproduces_and_differs_across_seeds():
 def test_invalid_params_are_refused(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         SamplingParams(**kwargs)
-
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from tinystack.infer.sampler import SampleRow, sample_batch  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,6 +6,7 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tinystack.infer import RequestMetrics
 from tinystack.observe import RequestTiming, setup_request_log
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer, failure_reason
@@ -46,10 +47,11 @@ def test_finish_waits_for_every_sequence_cost_then_records():
         rec = record(200, key_id="k1", finish_reasons=["length", "length"])
         usage = rec.engine_usage()
         usage.expect(2)
-        usage.add(SequenceUsage("r-0", 5, 3, "length", 1.0, 1.1, 1.2, cpu_s=0.1, device_s=0.2))
+        stamps = (0.9, 1.0, 1.1)  # arrival, scheduled, first token
+        usage.add(SequenceUsage("r-0", 5, 3, "length", RequestMetrics(*stamps, 1.2, 1.2, cpu_s=0.1, device_s=0.2)))
         obs.finish(rec)
         before = samples(obs.metrics)
-        usage.add(SequenceUsage("r-1", 5, 3, "abort", 1.0, 1.1, 1.3, cpu_s=0.3, device_s=0.4))
+        usage.add(SequenceUsage("r-1", 5, 3, "abort", RequestMetrics(*stamps, 1.3, 1.3, cpu_s=0.3, device_s=0.4)))
         return before, samples(obs.metrics)
 
     before, after = asyncio.run(scenario())

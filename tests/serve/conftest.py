@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tinystack.config import ServeConfig
-from tinystack.infer import AsyncEngine, Engine, LLMEngine
+from tinystack.infer import AsyncEngine, LLMEngine
 from tinystack.model import GPT, GPTConfig
 from tinystack.model.io import save_model
 from tinystack.observe import RequestLog, setup_request_log
@@ -41,7 +41,7 @@ def tiny_gpt(tokenizer: BPETokenizer) -> GPT:
 
 @pytest.fixture
 def tiny_model(tokenizer: BPETokenizer) -> GPT:
-    """A fresh tiny random GPT (seeded), for tests that build their own Engine subclass."""
+    """A fresh tiny random GPT (seeded), for tests that build their own engine around it."""
     return tiny_gpt(tokenizer)
 
 
@@ -54,9 +54,17 @@ def model_dir(tmp_path: Path, tokenizer: BPETokenizer, tiny_model: GPT) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def engine(tokenizer: BPETokenizer) -> Engine:
-    return Engine(tiny_gpt(tokenizer), tokenizer)
+def unbatched(model: torch.nn.Module, tokenizer: BPETokenizer) -> AsyncEngine:
+    """The engine serving one sequence at a time (batching "none": max_num_seqs=1)."""
+    return AsyncEngine(LLMEngine(model, tokenizer, max_num_seqs=1, num_kv_blocks=16, verbose=False))
+
+
+@pytest.fixture
+def engine(tokenizer: BPETokenizer) -> Iterator[AsyncEngine]:
+    """An unbatched AsyncEngine over the tiny GPT (shut down at teardown)."""
+    engine = unbatched(tiny_gpt(tokenizer), tokenizer)
+    yield engine
+    engine.shutdown()
 
 
 class FaultyModel(torch.nn.Module):
@@ -80,19 +88,18 @@ class FaultyModel(torch.nn.Module):
         return self.inner(*args, **kwargs)
 
 
-@pytest.fixture(params=["threads", "continuous"])
-def faulty_engine(request, tokenizer: BPETokenizer) -> Iterator[Engine | AsyncEngine]:
-    """An Engine (batch-1, threads) or an AsyncEngine (continuous batching, paged KV cache) whose model
+@pytest.fixture(params=["unbatched", "continuous"])
+def faulty_engine(request, tokenizer: BPETokenizer) -> Iterator[AsyncEngine]:
+    """An AsyncEngine, unbatched (max_num_seqs=1) or continuous batching (paged KV cache), whose model
     is a FaultyModel, reachable as `.fault`: set delay_s / fail_rate / failing on it."""
     fault = FaultyModel(tiny_gpt(tokenizer))
-    if request.param == "threads":
-        engine = Engine(fault, tokenizer)
+    if request.param == "unbatched":
+        engine = unbatched(fault, tokenizer)
     else:
         engine = AsyncEngine(LLMEngine(fault, tokenizer, max_num_seqs=8, num_kv_blocks=64))
     engine.fault = fault
     yield engine
-    if isinstance(engine, AsyncEngine):
-        engine.shutdown()
+    engine.shutdown()
 
 
 @pytest.fixture
@@ -107,7 +114,7 @@ class Served:
     """A running server: its base URL, the engine, the app (app.state.server is the live
     ServerState: adapter counters, breaker, gate) and its request log (if any)."""
 
-    def __init__(self, url: str, engine: Engine, app, log: RequestLog | None, log_path: Path | None):
+    def __init__(self, url: str, engine: AsyncEngine, app, log: RequestLog | None, log_path: Path | None):
         self.url, self.engine, self.app, self.log, self.log_path = url, engine, app, log, log_path
 
     @property
@@ -117,11 +124,16 @@ class Served:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """serve(engine, log=False, include_text=False, model_dir=None, **ServeConfig overrides) -> Served;
-    stopped at teardown."""
+    """serve(engine, log=False, include_text=False, model_dir=None, max_num_seqs=None, **ServeConfig overrides)
+    -> Served; stopped at teardown. `max_num_seqs` caps the engine's scheduler (infer.max_num_seqs; never above
+    what the engine was built for, so an unbatched engine stays unbatched); the admission gate follows it."""
     with ExitStack() as stack:
-        def start(engine: Engine, log: bool = False, include_text: bool = False, model_dir: Path | None = None,
-                  **overrides) -> Served:
+        def start(engine: AsyncEngine, log: bool = False, include_text: bool = False, model_dir: Path | None = None,
+                  max_num_seqs: int | None = None, **overrides) -> Served:
+            if max_num_seqs is not None:
+                scheduler = engine.engine.scheduler
+                stack.callback(setattr, scheduler, "max_num_seqs", scheduler.max_num_seqs)
+                scheduler.max_num_seqs = min(max_num_seqs, scheduler.max_num_seqs)
             cfg = replace(ServeConfig(), **overrides)
             log_path = tmp_path / f"requests-{len(list(tmp_path.iterdir()))}.jsonl" if log else None
             request_log = setup_request_log(log_path, include_text=include_text) if log else None

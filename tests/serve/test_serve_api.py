@@ -3,9 +3,9 @@ import re
 
 import httpx
 import pytest
-
-
 from serve_helpers import PROMPT
+
+from tinystack.infer import PromptTooLongError
 
 
 @pytest.fixture
@@ -111,13 +111,16 @@ def test_prompt_over_the_character_limit_is_413_with_the_numbers(client):
     assert "401" in r.json()["error"]["message"] and "400" in r.json()["error"]["message"]
 
 
-def test_prompt_over_the_model_context_is_400_with_the_numbers(client, tokenizer):
+def test_prompt_over_the_model_context_is_400_with_the_numbers(client, tokenizer, engine):
     prompt = " ".join(f"w{i}" for i in range(60))  # few chars, many tokens
     assert len(prompt) <= 400 and len(tokenizer.encode_ordinary(prompt)) >= 64
     r = client.post("/generate", json={"prompt": prompt})
-    assert r.status_code == 400
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     msg = r.json()["error"]["message"]
     assert "64" in msg and "tokens" in msg
+    with pytest.raises(PromptTooLongError) as e:
+        engine.engine.encode_prompt(prompt)
+    assert msg == str(e.value)  # the engine's one rule, word for word
 
 
 def test_unknown_route_and_method_use_the_error_shape(client):

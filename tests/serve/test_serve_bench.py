@@ -1,7 +1,9 @@
 """The load generator and `tinystack bench serve`: bounded, and its figures add up."""
 import asyncio
 import json
+import sys
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -29,8 +31,30 @@ def test_bench_serve_command_against_a_model_dir(tmp_path, model_dir):
     app = typer.Typer()
     app.command()(bench_serve)
     out = tmp_path / "bench.json"
-    r = CliRunner().invoke(app, ["--model", str(model_dir), "--batching", "continuous", "--max-num-seqs", "4",
+    r = CliRunner().invoke(app, ["--model", str(model_dir), "--scheduler", "continuous", "--max-num-seqs", "4",
                                  "--concurrency", "1,4", "--requests", "6", "--max-tokens", "4", "--out", str(out)])
     assert r.exit_code == 0, r.output
     rows = json.loads(out.read_text())["rows"]
     assert [row["concurrency"] for row in rows] == [1, 4] and all(row["ok"] == 6 for row in rows)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_bench_serve_in_process_measures_the_stream_as_it_arrives(tmp_path, model_dir, monkeypatch, loop):
+    """`--model` serves in this process: the client's TTFT is well before the end and its TPOT is the
+    engine's pace, not a stream that arrived in one piece (TTFT ~ e2e, TPOT ~ 0.02 ms)."""
+    if loop == "asyncio":
+        monkeypatch.setitem(sys.modules, "uvloop", None)  # uvicorn without uvloop, as a plain install has it
+    else:
+        pytest.importorskip("uvloop")
+    app = typer.Typer()
+    app.command()(bench_serve)
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["--model", str(model_dir), "--max-num-seqs", "2", "--concurrency", "1",
+                                 "--requests", "6", "--max-tokens", "16", "--prompt", "return the", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["ok"] == 6
+    decode = row["breakdown_p50_ms"]["decode"]  # the server's own decode time (engine stamps)
+    assert decode > 0
+    assert row["ttft_ms"]["p50"] < row["e2e_ms"]["p50"] - 0.5 * decode, row
+    assert row["tpot_ms"]["p50"] >= 0.3 * decode / 15, row  # 16 tokens: 15 gaps at the engine's pace

@@ -1,6 +1,10 @@
 """Bad-input fuzzing: schemathesis generates requests from the server's own OpenAPI schema
 (valid bodies, and invalid ones: wrong types, missing fields, out-of-range values) and sends
-them to the real uvicorn server. No answer may be a 5xx, and every error has the OpenAI shape.
+them to the real uvicorn server. No answer may be a 5xx, every error has the OpenAI shape, and every
+answer agrees with the schema: its status and content type are declared (text/event-stream for a
+stream), its body (each event of a stream) fits, and what the schema forbids is refused.
+Schema-valid bodies may still get a 400 for a limit of the server's config (max_tokens_limit, max_n,
+the context), which the schema cannot know: schemathesis' positive_data_acceptance is left out.
 
 (The operations are driven with hypothesis directly: schemathesis' pytest plugin does not
 load under pytest 9.)
@@ -9,9 +13,18 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 EXAMPLES = 20  # per operation and mode: ~ (6 + 3) operations x 20 = 180 requests
+CONFORMANCE = [status_code_conformance, content_type_conformance, response_headers_conformance,
+               response_schema_conformance, negative_data_rejection]
 
 
 @pytest.fixture
@@ -40,6 +53,7 @@ def test_no_5xx_and_openai_error_shape(fuzz_target, mode):
             assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
             if response.status_code >= 400:
                 assert set(response.json()["error"]) == ERROR_KEYS, response.text[:300]
+            case.validate_response(response, checks=CONFORMANCE)
 
         check()
     if mode == schemathesis.GenerationMode.NEGATIVE:

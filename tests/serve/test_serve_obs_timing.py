@@ -1,7 +1,7 @@
 """Per-request timing in the answer: /generate's `timing`, the x-*-time headers, and the final streamed chunk.
 
-Against the real server (uvicorn on 127.0.0.1), for the continuous-batching AsyncEngine
-and the batch-1 Engine on threads.
+Against the real server (uvicorn on 127.0.0.1), for the engine with continuous batching
+and unbatched (max_num_seqs=1).
 """
 import json
 
@@ -29,7 +29,7 @@ def check_timing(t: dict, tokens: int) -> None:
     assert t["device_ms"] > 0 and t["cpu_ms"] >= 0 and t["cost_usd"] > 0
 
 
-@pytest.fixture(params=["continuous", "threads"])
+@pytest.fixture(params=["continuous", "unbatched"])
 def any_engine(request, async_engine, engine):
     return async_engine if request.param == "continuous" else engine
 

@@ -4,13 +4,12 @@ import json
 import httpx
 import openai
 import pytest
-
 from serve_helpers import PROMPT
 
 
 @pytest.fixture(params=["engine", "async_engine"])
 def served(request, serve):
-    """The batch-1 Engine (threads) and the continuous-batching AsyncEngine: same answers expected."""
+    """The engine unbatched (max_num_seqs=1) and with continuous batching: same answers expected."""
     return serve(request.getfixturevalue(request.param), model_name="tiny", max_n=4)
 
 
@@ -120,5 +119,5 @@ def test_chat_template_from_tokenizer_config(serve, engine, tmp_path):
     r = httpx.post(f"{served.url}/v1/chat/completions", timeout=10,
                    json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert r.status_code == 200
-    assert r.json()["usage"]["prompt_tokens"] == len(engine.tokenizer.encode_ordinary("<user>hi<assistant>"))
+    assert r.json()["usage"]["prompt_tokens"] == len(engine.engine.tokenizer.encode_ordinary("<user>hi<assistant>"))
     assert r.json()["model"] == tmp_path.name

@@ -1,9 +1,13 @@
-"""run_in_background: picks a free port, reports startup failures clearly, and stops cleanly."""
+"""run_in_background: picks a free port, reports startup failures clearly, streams without delay, stops cleanly."""
+import asyncio
+import sys
+import time
 from contextlib import asynccontextmanager
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
 from tinystack.serve import run_in_background
 
@@ -55,3 +59,33 @@ def test_a_failing_startup_is_reported():
     with pytest.raises(RuntimeError, match="startup"):
         with run_in_background(FastAPI(lifespan=lifespan), startup_timeout_s=5, log_level="critical"):
             pass
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_streamed_chunks_arrive_as_they_are_sent(monkeypatch, loop):
+    """10 chunks 2 ms apart must not arrive in one piece. With the plain asyncio loop (uvicorn without
+    uvloop, as `pip install tinystack` gets it) connections on a socket bound without proto=TCP kept
+    Nagle's algorithm: after the first chunk everything waited for the client's delayed ACK (~40 ms)."""
+    if loop == "asyncio":
+        monkeypatch.setitem(sys.modules, "uvloop", None)  # uvicorn's "auto" loop falls back to asyncio
+    else:
+        pytest.importorskip("uvloop")
+    app = FastAPI()
+
+    @app.get("/stream")
+    async def stream() -> StreamingResponse:
+        async def chunks():
+            for i in range(10):
+                yield f"data: {i}\n\n".encode()
+                await asyncio.sleep(0.002)
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    with run_in_background(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        for _ in range(4):  # one keep-alive connection: past its first segments, ACKs are delayed
+            arrivals = []
+            with client.stream("GET", "/stream") as r:
+                for line in r.iter_lines():
+                    if line:
+                        arrivals.append(time.perf_counter())
+            assert len(arrivals) == 10
+            assert arrivals[-1] - arrivals[0] >= 0.009, [round((t - arrivals[0]) * 1e3, 2) for t in arrivals]

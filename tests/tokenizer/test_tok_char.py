@@ -1,4 +1,4 @@
-"""CharTokenizer: ids are sorted characters, round-trips, saves an HF-loadable file that load_tokenizer recognises."""
+"""CharTokenizer: ids are sorted characters, round-trips, saves an HF-loadable file that load_tokenizer reads."""
 from tokenizers import Tokenizer
 
 from tinystack.tokenizer import BPETokenizer, CharTokenizer, load_tokenizer
@@ -28,8 +28,9 @@ def test_unknown_characters_and_specials():
 def test_save_load_and_huggingface_agree(tmp_path):
     tok = CharTokenizer.train([TEXT])
     tok.save(tmp_path)
-    again = load_tokenizer(tmp_path)
-    assert isinstance(again, CharTokenizer) and again.fingerprint() == tok.fingerprint()
+    assert CharTokenizer.load(tmp_path).encode(TEXT) == tok.encode(TEXT)  # the hand-built reader
+    again = load_tokenizer(tmp_path)  # the package's loader
+    assert again.fingerprint() == tok.fingerprint() and again.encode_ordinary(TEXT) == tok.encode_ordinary(TEXT)
     hf = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     sample = "Speak, speak!\nBefore all<|endoftext|>"
     assert hf.encode(sample).ids == tok.encode(sample)
@@ -41,4 +42,5 @@ def test_save_load_and_huggingface_agree(tmp_path):
 def test_load_tokenizer_still_loads_bpe(tmp_path):
     bpe = BPETokenizer.train([TEXT * 20], vocab_size=270)
     bpe.save(tmp_path)
-    assert isinstance(load_tokenizer(tmp_path), BPETokenizer)
+    loaded = load_tokenizer(tmp_path)
+    assert loaded.encode_ordinary(TEXT) == bpe.encode_ordinary(TEXT) and loaded.vocab_size == bpe.vocab_size

@@ -8,23 +8,22 @@ file/line/reason), runs one part of the chain, writes its outputs atomically
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from tinystack.atomic import write_json
+from tinystack.data.dedup.near_duplicates import NearDupParams
+from tinystack.data.dedup.near_step import NearDedup
 from tinystack.data.filters.clean import Normalize
 from tinystack.data.filters.quality import QualityParams
 from tinystack.data.io.formats import IDENTITY, FieldMap, write_records
-from tinystack.data.dedup.near_step import NearDedup
-from tinystack.data.dedup.near_duplicates import NearDupParams
-from tinystack.progress import track
 from tinystack.data.io.readers import read_inputs
 from tinystack.data.io.records import Record
 from tinystack.data.io.rejects import Rejects
 from tinystack.data.io.spool import Spool
 from tinystack.data.steps import StepStats
+from tinystack.progress import track
 
 
 def _read(inputs: Sequence[str | Path], rejects: Rejects, fields: FieldMap, stats: StepStats,
@@ -40,9 +39,9 @@ def with_stable_ids(records: Iterable[Record]) -> Iterator[Record]:
     """Give a record without an ``id`` the id ``"{source}:{line}"`` (its input line, or its
     1-based position in the stream when it has no origin): stable across reruns."""
     for i, r in enumerate(records, start=1):
-        if r.id is None:
+        if r.id is None:  # a new record (not `dataclasses.replace`: ~3 us, as much as reading the line)
             pos = r.origin[1] if r.origin else i
-            r = dataclasses.replace(r, id=f"{r.source}:{pos}")
+            r = Record(r.text, r.source, r.label, r.timestamp, f"{r.source}:{pos}", r.extra, r.origin)
         yield r
 
 

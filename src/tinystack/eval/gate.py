@@ -15,22 +15,19 @@ from tinystack.eval.offline import read_splits, window_metrics
 from tinystack.eval.regression import Case, build_cases, compare, compare_metrics, run_cases
 
 
-def load_tokenizer(model_dir: Path) -> Any:
-    """The model directory's tokenizer, whichever kind (BPE or char) tokenizer.json holds."""
-    from tinystack.tokenizer import load_tokenizer as load
-
-    return load(model_dir)
-
-
 def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
-    """(model in eval mode, tokenizer) of a model directory."""
-    from tinystack.model.io import load_model
+    """(model in eval mode, tokenizer) of a model directory, loaded as inference loads them, so evaluation
+    tokenizes exactly as inference does. In float32, not dtype="auto": the gate scores the trained weights
+    themselves, the same on every machine (auto's format is a per-machine speed choice)."""
+    from tinystack.infer.llm import load_for_inference
 
-    return load_model(model_dir, device=device), load_tokenizer(model_dir)
+    return load_for_inference(model_dir, device=device, dtype="float32")
 
 
 def build_heldout_cases(model_dir: Path, data_dir: Path, n_cases: int) -> list[Case]:
     """Cases from the val and test splits; the bar is ln(vocab), the loss of a uniform guess."""
+    from tinystack.tokenizer import load_tokenizer
+
     tok = load_tokenizer(model_dir)
     hf = read_json(model_dir / "config.json")  # GPT-2 calls the context n_positions, Llama max_position_embeddings
     context = hf.get("n_positions") or hf.get("max_position_embeddings") or 128

@@ -6,8 +6,12 @@
                       that already occurred earlier in the same continuation ("seq-rep-n",
                       Welleck et al., 2019); 0 = no repeats, near 1 = a loop
 
-`complete` is the only function that calls the inference layer's generation API:
-if that API changes, nothing else in evaluation does.
+`complete` is the only function that calls the inference layer's generation API: every
+prompt of a call goes to one engine (`LLM`, built once per call) in one batch, with the
+tokenizer evaluation loaded, so prompts are tokenized exactly as inference tokenizes them
+(the engine applies its own prompt rules: an empty prompt starts from EOS, a prompt
+longer than the context raises PromptTooLongError). If that API changes, nothing else
+in evaluation does.
 """
 from __future__ import annotations
 
@@ -16,15 +20,16 @@ from typing import Any, Sequence
 from tinystack.model.gpt import GPT
 
 
-def complete(model: GPT, tokenizer: Any, prompt: str, *, max_tokens: int, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0, device: str = "cpu") -> tuple[str, list[int]]:
-    """Continue `prompt`; temperature 0 = greedy. Returns (text, token ids) of the continuation only."""
-    from tinystack.infer import Engine, SamplingParams
+def complete(model: GPT, tokenizer: Any, prompts: Sequence[str], params: Any | Sequence[Any], *,
+             device: str = "cpu") -> list[tuple[str, list[int]]]:
+    """Continue every prompt in one batch on one engine; `params`: one SamplingParams for all or one per
+    prompt. Returns (text, token ids) of each continuation, in the order of the prompts."""
+    from tinystack.infer import LLM
 
-    engine = Engine(model, tokenizer, device=device)
-    gen = engine.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                                                 top_p=top_p, seed=seed))
-    return gen.text, list(gen.token_ids)
+    if not prompts:
+        return []
+    llm = LLM(model.to(device), tokenizer, max_num_seqs=len(prompts), verbose=False)
+    return [(o.text, list(o.token_ids)) for o in llm.generate(list(prompts), params)]
 
 
 def ngrams(ids: Sequence[int], n: int) -> list[tuple[int, ...]]:
@@ -57,13 +62,19 @@ def generation_checks(model: GPT, tokenizer: Any, prompts: Sequence[str], *, max
 
     A continuation whose repetition rate exceeds `loop_threshold` is flagged as looping.
     """
+    from tinystack.infer import SamplingParams
+
     settings = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": temperature, "top_k": top_k,
                                                             "top_p": top_p}}
+    jobs = [(name, i, prompt) for name in settings for i, prompt in enumerate(prompts)]
+    params = [SamplingParams(max_tokens=max_tokens, seed=i, **settings[name]) for name, i, _ in jobs]
+    done = complete(model, tokenizer, [p for _, _, p in jobs], params, device=device)  # both settings, one batch
     out: dict[str, Any] = {"max_tokens": max_tokens, "loop_threshold": loop_threshold}
-    for name, knobs in settings.items():
+    for name in settings:
         rows, seqs = [], []
-        for i, prompt in enumerate(prompts):
-            text, ids = complete(model, tokenizer, prompt, max_tokens=max_tokens, seed=i, device=device, **knobs)
+        for (setting, _, prompt), (text, ids) in zip(jobs, done):
+            if setting != name:
+                continue
             rep = repetition_rate(ids)
             rows.append({"prompt": prompt, "completion": text, "tokens": len(ids), "repetition_rate": rep,
                          "looping": rep > loop_threshold})

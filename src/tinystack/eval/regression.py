@@ -117,16 +117,16 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
     return cases
 
 
-def run_case(model: GPT, tokenizer: Any, case: Case, device: str = "cpu") -> dict[str, Any]:
-    """{id, expect, passed, score, detail} for one case on one model."""
-    if case.expect in LOSS_KINDS:
-        context = [tokenizer.eos_token_id, *tokenizer.encode_ordinary(case.prompt)]
-        nats = target_nats(model, context, tokenizer.encode_ordinary(case.target), device=device)
-        loss, logprob = float(nats.mean()), -float(nats.sum())
-        passed = loss <= case.threshold if case.expect == "max_loss" else logprob >= case.threshold
-        return {"id": case.id, "expect": case.expect, "passed": bool(passed), "score": loss,
-                "detail": {"loss": loss, "logprob": logprob, "target_tokens": len(nats)}}
-    text, ids = complete(model, tokenizer, case.prompt, max_tokens=case.max_tokens, temperature=0.0, device=device)
+def _loss_case(model: GPT, tokenizer: Any, case: Case, device: str) -> dict[str, Any]:
+    context = [tokenizer.eos_token_id, *tokenizer.encode_ordinary(case.prompt)]
+    nats = target_nats(model, context, tokenizer.encode_ordinary(case.target), device=device)
+    loss, logprob = float(nats.mean()), -float(nats.sum())
+    passed = loss <= case.threshold if case.expect == "max_loss" else logprob >= case.threshold
+    return {"id": case.id, "expect": case.expect, "passed": bool(passed), "score": loss,
+            "detail": {"loss": loss, "logprob": logprob, "target_tokens": len(nats)}}
+
+
+def _generation_case(case: Case, text: str, ids: list[int]) -> dict[str, Any]:
     if case.expect == "max_repetition":
         rep = repetition_rate(ids)
         return {"id": case.id, "expect": case.expect, "passed": rep <= case.threshold, "score": rep,
@@ -143,8 +143,21 @@ def run_case(model: GPT, tokenizer: Any, case: Case, device: str = "cpu") -> dic
             "detail": {"completion": text}}
 
 
+def run_case(model: GPT, tokenizer: Any, case: Case, device: str = "cpu") -> dict[str, Any]:
+    """{id, expect, passed, score, detail} for one case on one model."""
+    return run_cases(model, tokenizer, [case], device)["cases"][0]
+
+
 def run_cases(model: GPT, tokenizer: Any, cases: Sequence[Case], device: str = "cpu") -> dict[str, Any]:
-    results = [run_case(model, tokenizer, c, device) for c in cases]
+    """Every case on one model: loss cases scored one by one, the generation cases greedily in one batch."""
+    from tinystack.infer import SamplingParams
+
+    gen = [c for c in cases if c.expect not in LOSS_KINDS]
+    texts = complete(model, tokenizer, [c.prompt for c in gen],
+                     [SamplingParams(temperature=0.0, max_tokens=c.max_tokens) for c in gen], device=device)
+    out_of = {id(c): out for c, out in zip(gen, texts)}
+    results = [_loss_case(model, tokenizer, c, device) if c.expect in LOSS_KINDS
+               else _generation_case(c, *out_of[id(c)]) for c in cases]
     losses = [r["score"] for r in results if r["expect"] in LOSS_KINDS]
     return {"cases": results, "passed": sum(r["passed"] for r in results), "total": len(results),
             "mean_loss": float(np.mean(losses)) if losses else None}

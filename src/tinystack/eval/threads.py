@@ -2,10 +2,10 @@
 
 Evaluation runs many small matrix products (batches of a few short windows, one-token
 decode steps). On a machine whose cores are shared with other jobs, torch's default
-of one thread per core makes each product wait for all its threads to be scheduled:
-measured on the 2-core dev machine at load ~10, the smoke model's evaluation took
-20 s with 2 threads and 1.5 s with 1. `[eval] threads` (default 0 = torch's own; set 1 on shared cores) sets the count for
-the duration of an evaluation and restores the previous value afterwards.
+of one thread per core makes each product wait for all its threads to be scheduled, and
+one thread can then be many times faster (an idle machine is fastest with torch's own
+count). `[eval] threads` (default 0 = torch's own; set 1 on shared cores) sets the count
+for the duration of an evaluation and restores the previous value afterwards.
 """
 from __future__ import annotations
 

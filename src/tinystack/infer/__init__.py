@@ -1,32 +1,31 @@
 """Inference: model directories in, generated text out, many requests at once.
 
     LLM(model_dir) / AsyncEngine.from_dir(model_dir)          llm.py, async_engine.py
-      load: model.io (ours, HF GPT-2, HF Llama family) + tokenizer.json (tokenizer.py),
+      load: model.io (ours, HF GPT-2, HF Llama family) + tokenizer.json (tinystack.tokenizer.load_tokenizer),
             optional INT8 weights (quant.py); backend "numpy" drives nn.gpt (numpy_backend.py)
       LLMEngine (llm_engine.py): the memory budget (memory.py) sizes the KV storage; weights and
         KV storage go into 2 MiB pages, the output head column-major (weight_arena.py)
-        add_request -> Sequence (sequence.py) -> scheduler queue
+        add_request -> encode_prompt (the prompt rules) -> Sequence (sequence.py) -> scheduler queue
         step: Scheduler (scheduler.py: continuous batching, chunked prefill, preemption)
               or DynamicBatcher (batcher.py)      picks [(seq, n tokens)] within the budgets
               BlockManager (block_manager.py)      blocks, refcounts, prefix cache, LRU eviction
               ModelRunner (model_runner.py)        ragged batch -> model over BatchView (paged_cache.py)
               sample_batch (sampler.py)            per-request penalties / greedy / top-k / top-p / min-p, seeds
-              -> TokenDelta / RequestOutput (outputs.py)
-    Engine (engine.py): the single-request blocking contract the server uses today, with the
-    contiguous per-call KVCache (kv_cache.py).
+              -> TokenDelta / RequestOutput (outputs.py; RequestMetrics: the request's timing points)
+
+This engine is the one inference path: `tinystack generate`, the server (AsyncEngine; unbatched
+is max_num_seqs=1), evaluation (LLM.generate, one batch) and `tinystack bench kv` (bench.py: the
+contiguous cache vs a no-cache Recompute wrapper, both on the engine) all run it.
 """
 from tinystack.lazy import lazy_exports
 
 _EXPORTS = {
     "AsyncEngine": "tinystack.infer.async_engine",
     "RequestStream": "tinystack.infer.async_engine",
-    "Engine": "tinystack.infer.engine",
-    "Generation": "tinystack.infer.engine",
-    "CacheFullError": "tinystack.infer.kv_cache",
-    "KVCache": "tinystack.infer.kv_cache",
     "LLM": "tinystack.infer.llm",
     "load_for_inference": "tinystack.infer.llm",
     "LLMEngine": "tinystack.infer.llm_engine",
+    "PromptError": "tinystack.infer.llm_engine",
     "PromptTooLongError": "tinystack.infer.llm_engine",
     "AdmissionError": "tinystack.infer.memory",
     "MemoryBudget": "tinystack.infer.memory",
@@ -35,13 +34,11 @@ _EXPORTS = {
     "TokenDelta": "tinystack.infer.outputs",
     "SamplingParams": "tinystack.infer.sampler",
     "sample_batch": "tinystack.infer.sampler",
-    "sample_next": "tinystack.infer.sampler",
     "top_k_filter": "tinystack.infer.sampler",
     "top_p_filter": "tinystack.infer.sampler",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["AdmissionError", "AsyncEngine", "CacheFullError", "Engine", "Generation", "KVCache", "LLM", "LLMEngine",
-           "MemoryBudget", "PromptTooLongError", "RequestMetrics", "RequestOutput", "RequestStream",
-           "SamplingParams", "TokenDelta", "load_for_inference", "sample_batch", "sample_next", "top_k_filter",
-           "top_p_filter"]
+__all__ = ["AdmissionError", "AsyncEngine", "LLM", "LLMEngine", "MemoryBudget", "PromptError", "PromptTooLongError",
+           "RequestMetrics", "RequestOutput", "RequestStream", "SamplingParams", "TokenDelta", "load_for_inference",
+           "sample_batch", "top_k_filter", "top_p_filter"]

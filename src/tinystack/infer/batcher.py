@@ -1,6 +1,6 @@
 """The dynamic batcher: the baseline continuous batching is measured against.
 
-Requests queue up; the queue is flushed into a batch when it holds `max_batch`
+Requests queue up; the queue is flushed into a batch when it holds `max_num_seqs`
 requests or its oldest has waited `max_wait` seconds (or the caller says no more
 are coming: `flush`), whichever comes first. The batch is admitted only as far as
 its members fit in the cache at their full length, prefilled whole, and then runs
@@ -17,18 +17,18 @@ from tinystack.infer.sequence import Sequence
 
 
 class DynamicBatcher(Scheduler):
-    def __init__(self, block_manager: BlockManager, max_batch: int, max_wait: float = 0.05):
-        super().__init__(block_manager, max_num_seqs=max_batch, max_num_batched_tokens=10**9)
-        self.max_batch, self.max_wait = max_batch, max_wait
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_wait: float = 0.05):
+        super().__init__(block_manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=10**9)
+        self.max_wait = max_wait
 
     def schedule(self, flush: bool = False) -> list[tuple[Sequence, int]]:
         if not self.running:
-            ready = self.waiting and (len(self.waiting) >= self.max_batch or flush
-                                      or time.perf_counter() - self.waiting[0].arrival >= self.max_wait)
+            ready = self.waiting and (len(self.waiting) >= self.max_num_seqs or flush
+                                      or time.perf_counter() - self.waiting[0].metrics.arrival >= self.max_wait)
             if not ready:
                 return []
             reserved = 0
-            while self.waiting and len(self.running) < self.max_batch:
+            while self.waiting and len(self.running) < self.max_num_seqs:
                 seq = self.waiting[0]
                 need = self.bm.blocks_for(seq.max_len)
                 if reserved + need > self.bm.num_free_blocks:

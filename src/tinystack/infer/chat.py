@@ -1,6 +1,7 @@
 """Chat messages -> one prompt string: the model's chat template, or a simple built-in role format.
 
-    tokenizer_config.json has "chat_template"  -> render it with Jinja2 in a sandbox, as
+    chat_template.jinja, or tokenizer_config.json's "chat_template"
+                                               -> render it with Jinja2 in a sandbox, as
                                                   Hugging Face's apply_chat_template does
                                                   (messages, add_generation_prompt=True,
                                                   bos_token, eos_token, raise_exception)
@@ -24,9 +25,13 @@ class ChatTemplateError(ValueError):
 
 
 def load_chat_template(model_dir: str | Path | None) -> str | None:
-    """`chat_template` of `model_dir/tokenizer_config.json` (the "default" one if it is a list), or None."""
+    """`model_dir/chat_template.jinja` (where transformers >= 4.43 saves it; it wins, as there), else
+    `chat_template` of `model_dir/tokenizer_config.json` (the "default" one if it is a list), or None."""
     if model_dir is None:
         return None
+    jinja = Path(model_dir) / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8") or None
     path = Path(model_dir) / "tokenizer_config.json"
     if not path.is_file():
         return None

@@ -5,7 +5,7 @@
     outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].logprobs, outs[0].metrics
 
 It loads the model directory (model.io: ours, HF GPT-2, HF Llama family) and its
-tokenizer (infer.tokenizer), keeps the linear layers' weights in the format `dtype="auto"`
+tokenizer (tinystack.tokenizer.load_tokenizer), keeps the linear layers' weights in the format `dtype="auto"`
 measures fastest here, or the one `quantize` names (infer.quant), builds an LLMEngine and
 drives it until every prompt is done. `params` may be one SamplingParams for all prompts or a
 list, one per prompt.
@@ -33,8 +33,8 @@ def load_for_inference(model_dir: str | Path, backend: str = "torch", device: st
     dtype "auto" (CPU, no `quantize`): the weight format measured fastest within the perplexity bounds on this
     machine (infer.quant.auto, cached per model/CPU/torch); otherwise float32 activations with `quantize`'s
     weights, or a plain `dtype` model."""
-    from tinystack.infer.tokenizer import load_tokenizer
     from tinystack.model.io import load_model
+    from tinystack.tokenizer import load_tokenizer
 
     quantize = {"int8": "q8_0", "": None}.get(quantize, quantize)
     if dtype != "auto" and dtype not in _DTYPES:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -24,7 +25,7 @@ from tinystack.infer.batcher import DynamicBatcher
 from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
-from tinystack.infer.outputs import RequestMetrics, RequestOutput, TokenDelta
+from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, sample_batch
 from tinystack.infer.scheduler import Scheduler
@@ -32,7 +33,11 @@ from tinystack.infer.sequence import Sequence
 from tinystack.infer.step_stats import EngineCounters, StepRecord
 
 
-class PromptTooLongError(ValueError):
+class PromptError(ValueError):
+    """A prompt the engine can never run; the message says why, with the numbers."""
+
+
+class PromptTooLongError(PromptError):
     """The prompt leaves no room for a single new token within the model's context."""
 
 
@@ -41,7 +46,7 @@ class LLMEngine:
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  memory_limit: int | None = None, memory_buffer: float = 0.2, cpu_memory_fraction: float = 0.25,
                  num_kv_blocks: int | None = None,
-                 enable_prefix_caching: bool = True, max_batch: int = 16, max_wait: float = 0.05,
+                 enable_prefix_caching: bool = True, max_wait: float = 0.05,
                  stream_text: bool = False, hugepages: bool = True, verbose: bool = True):
         if kv_cache not in ("paged", "contiguous"):
             raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
@@ -54,9 +59,8 @@ class LLMEngine:
         self.device, self.dtype = param.device, param.dtype if param.is_floating_point() else torch.float32
         if kv_cache == "contiguous":  # one block per sequence, preallocated to the whole context
             block_size, enable_prefix_caching = self.max_seq_len, False
-        n_seqs = max_batch if scheduler == "dynamic" else max_num_seqs
         self.budget: MemoryBudget = plan_memory(
-            model, device=self.device, dtype=self.dtype, block_size=block_size, max_num_seqs=n_seqs,
+            model, device=self.device, dtype=self.dtype, block_size=block_size, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, memory_limit=memory_limit, buffer=memory_buffer,
             cpu_fraction=cpu_memory_fraction, max_blocks=num_kv_blocks)
         if verbose:  # on stderr: stdout may be a stream of generated text
@@ -64,7 +68,8 @@ class LLMEngine:
         self.storage = KVStorage(cfg.n_layer, self.budget.num_blocks, block_size, cfg.n_kv_head, cfg.head_dim,
                                  self.dtype, self.device, hugepages)
         self.block_manager = BlockManager(self.budget.num_blocks, block_size, enable_prefix_caching)
-        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_batch, max_wait) if scheduler == "dynamic"
+        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_num_seqs, max_wait)
+                                     if scheduler == "dynamic"
                                      else Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens))
         self.runner = ModelRunner(model, self.storage, self.device, hugepages)
         if verbose and self.runner.arena is not None:
@@ -77,18 +82,31 @@ class LLMEngine:
         self.step_listeners: list[Callable[[StepRecord], None]] = []
 
     # -- requests --
-    def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
-        """Tokenise and check a request without touching engine state (safe from another thread).
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The ids the engine runs for `prompt` (text, or ids already): the one home of the prompt rules.
 
-        Raises PromptTooLongError, or AdmissionError (with the numbers) if it can never fit the cache."""
-        if request_id is None:
-            request_id, self._counter = f"req-{self._counter}", self._counter + 1
+        Text is tokenised with special-token text kept as text; an empty prompt starts from
+        EOS (the document separator, as in training); a prompt must leave room for one new
+        token in the context, else PromptTooLongError. Serving, evaluation and the CLI all
+        reach these rules through the engine. Safe from any thread (touches no engine state)."""
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode_ordinary(prompt)
         if not ids:
+            if self.tokenizer.eos_token_id is None:
+                raise PromptError("the prompt is empty and the tokenizer has no EOS token to start from")
             ids = [self.tokenizer.eos_token_id]
         if len(ids) >= self.max_seq_len:
             raise PromptTooLongError(f"prompt is {len(ids)} tokens; the model's context is {self.max_seq_len} "
                                      f"tokens, so a prompt may be at most {self.max_seq_len - 1} tokens")
+        return ids
+
+    def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        """Tokenise and check a request without touching engine state (safe from another thread).
+
+        Raises PromptError (see encode_prompt), or AdmissionError (with the numbers) if it can
+        never fit the cache."""
+        if request_id is None:
+            request_id, self._counter = f"req-{self._counter}", self._counter + 1
+        ids = self.encode_prompt(prompt)
         max_new = min(params.max_tokens, self.max_seq_len - len(ids))
         self.budget.admit(len(ids), max_new)
         gen = None
@@ -168,8 +186,8 @@ class LLMEngine:
         """Share the step's wall and CPU seconds across its sequences by tokens fed (step_stats.py)."""
         rec = StepRecord(len(batch), sum(n for _, n in batch), prefill, now - t0, time.process_time() - c0, now)
         for seq, n in batch:
-            seq.device_s += rec.wall_s * n / rec.num_tokens
-            seq.cpu_s += rec.cpu_s * n / rec.num_tokens
+            seq.metrics.device_s += rec.wall_s * n / rec.num_tokens
+            seq.metrics.cpu_s += rec.cpu_s * n / rec.num_tokens
         self.counters.add(rec, sampled)
         for listener in self.step_listeners:
             try:
@@ -179,8 +197,8 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, tok: int, info: dict | None, now: float) -> TokenDelta | None:
         p = seq.params
-        seq.first_token = seq.first_token or now
-        seq.last_token = now
+        seq.metrics.first_token = seq.metrics.first_token or now
+        seq.metrics.last_token = now
         reason = None
         eos = getattr(self.tokenizer, "eos_token_ids", None) or {self.tokenizer.eos_token_id}
         if (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids:
@@ -229,8 +247,8 @@ class LLMEngine:
                           logprobs)
 
     def _output(self, seq: Sequence) -> RequestOutput:
-        m = RequestMetrics(seq.arrival, seq.first_scheduled, seq.first_token, seq.last_token,
-                           time.perf_counter() if seq.finish_reason else None, seq.cpu_s, seq.device_s)
+        # a copy of the sequence's record: an output does not change after it is handed out
+        m = replace(seq.metrics, finished=time.perf_counter() if seq.finish_reason else None)
         return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_ids), seq.text, list(seq.output_ids),
                              seq.finish_reason, list(seq.logprobs) if seq.params.logprobs is not None else None, m,
                              seq.num_cached_prompt_tokens, seq.num_preemptions)

@@ -6,14 +6,17 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestMetrics:
-    """perf_counter seconds: arrival -> first scheduled -> first token -> last token -> finished.
+    """perf_counter seconds: arrival -> scheduled (first time) -> first token -> last token -> finished.
 
-    `cpu_s` / `device_s`: this request's share of the CPU and wall seconds of the engine
-    steps it took part in, shared by tokens fed (see step_stats.py) — what it cost.
+    The one record of a request's engine timing points: the Sequence stamps it as it runs,
+    RequestOutput carries a copy, and observability reads the same record
+    (tinystack.observe.usage.SequenceUsage.metrics) — the names are the timing points of
+    tinystack.observe.timing. `cpu_s` / `device_s`: this request's share of the CPU and wall
+    seconds of the engine steps it took part in, shared by tokens fed (step_stats.py) — what it cost.
     """
 
     arrival: float
-    first_scheduled: float | None = None
+    scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
     finished: float | None = None
@@ -22,7 +25,7 @@ class RequestMetrics:
 
     @property
     def queue_s(self) -> float | None:
-        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+        return None if self.scheduled is None else self.scheduled - self.arrival
 
     @property
     def ttft_s(self) -> float | None:
@@ -31,7 +34,7 @@ class RequestMetrics:
     @property
     def prefill_s(self) -> float | None:
         """First scheduled -> first token: the prompt's prefill (chunks) and the first sample."""
-        return None if self.first_token is None or self.first_scheduled is None else self.first_token - self.first_scheduled
+        return None if self.first_token is None or self.scheduled is None else self.first_token - self.scheduled
 
     @property
     def decode_s(self) -> float | None:

@@ -8,8 +8,9 @@ Order of operations (the same as Hugging Face's and vLLM's):
     else: / temperature -> top-k -> top-p (smallest set reaching mass p, at least the top
           token) -> min-p (drop tokens below min_p * the top probability) -> one draw from
           the renormalised distribution with the request's own seeded generator.
-`Sampler.sample` does this for a batch whose rows have different params; each row
-draws only from its own generator, so a seed reproduces whatever else is in the batch.
+`sample_batch` is the one sampler (the engine's): it does this for a batch whose rows have
+different params; each row draws only from its own generator, so a seed reproduces
+whatever else is in the batch.
 Logprobs, when asked for, are of the model's raw distribution (log-softmax of the
 unprocessed logits), as vLLM reports them.
 """
@@ -23,7 +24,7 @@ import torch
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy
 
 
-def is_greedy(p: "SamplingParams") -> bool:
+def is_greedy(p: SamplingParams) -> bool:
     return p.temperature < SAMPLING_EPS
 
 
@@ -161,12 +162,3 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[
                         "top": {int(t): float(v) for t, v in zip(top.indices, top.values)} if top is not None else {}}
     return tokens, infos
 
-
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [B, V] -> token ids [B]."""
-    if is_greedy(params):
-        return logits.argmax(dim=-1)
-    logits = logits.float() / params.temperature
-    logits = top_p_filter(top_k_filter(logits, params.top_k), params.top_p)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

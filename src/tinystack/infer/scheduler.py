@@ -58,8 +58,8 @@ class Scheduler:
 
     def _start(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.RUNNING
-        if seq.first_scheduled is None:
-            seq.first_scheduled = time.perf_counter()
+        if seq.metrics.scheduled is None:
+            seq.metrics.scheduled = time.perf_counter()
             seq.num_cached_prompt_tokens = seq.num_computed  # prefix-cache hits at first admission
         self.running.append(seq)
 

@@ -6,8 +6,8 @@
 
 `num_computed` counts the tokens whose keys/values are in the cache; a step feeds the
 model tokens num_computed..num_computed+n-1. When num_computed reaches len(token_ids)
-the step's logits give the next token. Timing points (perf_counter seconds) feed
-RequestOutput.metrics and the server's logs.
+the step's logits give the next token. `metrics` is the request's one record of timing
+points (perf_counter seconds) and cost: RequestOutput.metrics and the server's logs read it.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tinystack.infer.outputs import RequestMetrics
 from tinystack.infer.sampler import SamplingParams
 
 
@@ -46,12 +47,7 @@ class Sequence:
     tokens_streamed: int = 0
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at the first admission
     num_preemptions: int = 0
-    arrival: float = field(default_factory=time.perf_counter)
-    first_scheduled: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    cpu_s: float = 0.0  # share of the engine steps' CPU / wall seconds (step_stats.py)
-    device_s: float = 0.0
+    metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival=time.perf_counter()))
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -4,9 +4,8 @@ Why: a batch-1 decode step streams every weight once (GPT-2-124M: 498 MB per tok
 does ~2 flops per byte, so its speed is the speed of reading memory. With ordinary 4 KiB
 pages that stream needs a new TLB entry every 4 KiB, 120,000 page walks per token; in a
 virtual machine each walk is two-dimensional and competes with the other tenants for the
-cache. Measured on the 2-core dev VM, the same 49 float32 matrix-vector products read
-the weights in 45 ms from 2 MiB pages and in 62-160 ms from 4 KiB pages, the latter
-swinging with the neighbours' load (benchmarks/bench_hugepages.py).
+cache, so the same matrix-vector products run markedly slower from 4 KiB pages and swing
+with the neighbours' load (figures: BENCHMARKS.md, benchmarks/bench_hugepages.py).
 
 Linux hands out 2 MiB ("transparent huge") pages to anonymous memory that asks for them
 with madvise(MADV_HUGEPAGE) when /sys/kernel/mm/transparent_hugepage/enabled is
@@ -20,11 +19,10 @@ with madvise(MADV_HUGEPAGE) when /sys/kernel/mm/transparent_hugepage/enabled is
 
 Column-major head: at batch 1 the head is a vector-matrix product over the largest matrix
 (50257 x 768, 154 MB), and `x @ W.T` runs faster when W.T is the contiguous one (the
-kernel then streams rows of W.T scaled by x's entries into one accumulator; measured 14.6 ->
-10.4 ms). A tied token embedding shares that storage, so its row lookups become strided,
-which costs nothing measurable (one row per token). The other
-linear layers stay row-major: for them the two layouts decode equally fast, and row-major
-prefills (compute-bound matrix products) ~10 % faster.
+kernel then streams rows of W.T scaled by x's entries into one accumulator). A tied token
+embedding shares that storage, so its row lookups become strided, which costs nothing
+measurable (one row per token). The other linear layers stay row-major: for them the two
+layouts decode equally fast, and row-major prefills (compute-bound matrix products) faster.
 """
 from __future__ import annotations
 

@@ -5,6 +5,8 @@
     attention.py                         causal attention over an optional KV cache, shared by both
     GPT <-> model_dir/ (io.py)           config.json + model.safetensors + tokenizer.json + tinystack.json
     HF Llama-family dir -> Llama (io.py) the same load_model, dispatched on model_type
+    GGUF / HF dir / name -> model_dir/   `tinystack model import` (importer.py; GGUF: gguf_model.py,
+                                         gguf_dequant.py, gguf_tokenizer.py, stream_safetensors.py)
 
 Training writes a model directory; evaluation, inference and serving read it.
 The format is Hugging Face's GPT-2 layout, so the same loader reads HF GPT-2 checkpoints.

@@ -8,12 +8,10 @@ embeddings), so a model directory written by `model.io` is also a valid Hugging
 Face GPT-2 checkpoint and vice versa; module names follow GPT-2's
 (`transformer.h.0.attn.c_attn`, ...) so the NumPy backend can mirror them.
 
-Incremental decoding: `forward(idx, kv_cache=cache, start_pos=p)` treats `idx` as the
-tokens at positions p..p+T-1, appends their keys/values to the cache and attends
-over everything cached so far. The cache only needs `update(layer, k, v, start_pos)
--> (k_all, v_all)`; see `tinystack.infer.kv_cache` and `model.attention`. A batch of
-sequences at different positions passes `positions` [B, T]; the inference engine packs
-its ragged batches into one row ([1, N]) and a cache whose `attend` separates them.
+Incremental decoding: `forward(idx, kv_cache=view, positions=pos)` feeds the tokens at
+`positions` [B, T] and attends through the cache (`model.attention`: the cache's `attend`
+stores their keys/values and attends over each sequence's history). The inference
+engine packs its ragged batches into one row ([1, N]) and a BatchView that separates them.
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tinystack.model.attention import KVCacheLike, causal_attention
+from tinystack.model.attention import KVCache, causal_attention
 from tinystack.model.gpt_config import GPTConfig
 
 
@@ -37,13 +35,12 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCacheLike | None = None, start_pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # [B, T, C] -> [B, nh, T, hd]: heads become a batch dimension for the attention matmuls
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = causal_attention(q, k, v, self.layer_idx, kv_cache, start_pos,
-                             dropout_p=self.dropout if self.training else 0.0)
+        y = causal_attention(q, k, v, self.layer_idx, kv_cache, dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -67,8 +64,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCacheLike | None = None, start_pos: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, start_pos)
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -110,14 +107,13 @@ class GPT(nn.Module):
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
-        kv_cache: KVCacheLike | None = None,
-        start_pos: int = 0,
+        kv_cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         logit_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx [B, T] token ids at positions start_pos.. -> (logits [B, T, V], mean cross-entropy or None).
+        """idx [B, T] token ids at positions 0..T-1 -> (logits [B, T, V], mean cross-entropy or None).
 
-        `positions` [B, T] overrides start_pos when rows sit at different positions.
+        `positions` [B, T]: where the tokens sit instead (with a `kv_cache`, after its history).
         `logit_index` [B] computes logits only at that position of each row -> [B, 1, V]
         (with B = 1 and a packed batch, [R] positions of the one row -> [R, 1, V])
         (a prefill needs the last token's logits only; the head is the biggest matmul).
@@ -126,14 +122,14 @@ class GPT(nn.Module):
         """
         B, T = idx.shape
         if positions is None:
-            if start_pos + T > self.config.block_size:
-                raise ValueError(f"sequence of {start_pos + T} tokens exceeds block_size={self.config.block_size}")
-            pos = torch.arange(start_pos, start_pos + T, device=idx.device)
+            if T > self.config.block_size:
+                raise ValueError(f"sequence of {T} tokens exceeds block_size={self.config.block_size}")
+            pos = torch.arange(T, device=idx.device)
         else:
             pos = positions
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
-            x = block(x, kv_cache, start_pos)
+            x = block(x, kv_cache)
         if logit_index is not None:
             x = x[torch.arange(B, device=x.device), logit_index][:, None]
         logits = self.lm_head(self.transformer.ln_f(x))

@@ -127,6 +127,24 @@ def llama_config_from_hf(hf: dict[str, Any]) -> LlamaConfig:
         raise ModelFormatError(f"config.json for model_type {model_type!r} lacks {e.args[0]!r}") from None
 
 
+def llama_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None,
+                    eos_token_id: int | list[int] | None = None) -> dict[str, Any]:
+    """LlamaConfig -> config.json as transformers writes it for LlamaForCausalLM / Qwen2ForCausalLM.
+
+    `rope_theta` at the top level: transformers 4.x reads it there and 5.x moves it into rope_parameters."""
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+    return {
+        "model_type": cfg.model_type, "architectures": [arch[cfg.model_type]], "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "hidden_act": "silu", "attention_bias": cfg.attention_bias,
+        "mlp_bias": cfg.mlp_bias, "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "torch_dtype": "float32",
+        **({"sliding_window": None} if cfg.model_type == "mistral" else {}),  # transformers' default is 4096
+    }
+
+
 def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     if (model_dir / WEIGHTS_FILE).is_file():
         return load_file(str(model_dir / WEIGHTS_FILE))
@@ -139,19 +157,25 @@ def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     raise ModelFormatError(f"{model_dir}: missing {WEIGHTS_FILE}")
 
 
-def _check_and_load(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
-    """Every expected tensor present with the right shape, else ModelFormatError naming them."""
+def check_tensor_shapes(model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], where: Path | str) -> list[str]:
+    """Every tensor `model` needs is in `shapes` with its shape, else ModelFormatError naming them; returns
+    the names needed (a tied head is not). `model` may live on the meta device: only shapes are read."""
     own = model.state_dict()
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", isinstance(model, GPT)) else set()
     expected = [k for k in own if k not in tied]
-    missing = [k for k in expected if k not in state]
+    missing = [k for k in expected if k not in shapes]
     if missing:
         raise ModelFormatError(f"{where}: missing tensors {missing[:8]}"
                                + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
     for k in expected:
-        if state[k].shape != own[k].shape:
-            raise ModelFormatError(f"{where}: tensor {k} has shape {tuple(state[k].shape)}, "
+        if tuple(shapes[k]) != tuple(own[k].shape):
+            raise ModelFormatError(f"{where}: tensor {k} has shape {tuple(shapes[k])}, "
                                    f"config implies {tuple(own[k].shape)}")
+    return expected
+
+
+def _check_and_load(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
+    expected = check_tensor_shapes(model, {k: tuple(v.shape) for k, v in state.items()}, where)
     model.load_state_dict({k: state[k] for k in expected}, strict=False)  # tied heads fill via the embedding
 
 
@@ -162,6 +186,10 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     if not (model_dir / CONFIG_FILE).is_file():
         raise ModelFormatError(f"{model_dir}: missing {CONFIG_FILE}")
     hf = read_json(model_dir / CONFIG_FILE)
+    if hf.get("quantization_config"):  # GPTQ / AWQ / bitsandbytes / fp8 tensors are not plain float weights
+        method = hf["quantization_config"].get("quant_method", "unknown")
+        raise ModelFormatError(f"{model_dir}: unsupported quantization {method!r} (only unquantised float weights "
+                               "load; GGUF files import with `tinystack model import`)")
     if hf.get("model_type") in LLAMA_TYPES:
         model: GPT | Llama = Llama(llama_config_from_hf(hf))
         raw = _read_weights(model_dir)

@@ -8,7 +8,7 @@
 
 Parameter names are Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 checkpoint's safetensors load by name with no renaming. The forward signature and the
-KV-cache protocol are the GPT's: `forward(idx, targets, kv_cache, start_pos, positions)`.
+KV-cache interface are the GPT's: `forward(idx, targets, kv_cache, positions, logit_index)`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tinystack.model.attention import KVCacheLike, causal_attention
+from tinystack.model.attention import KVCache, causal_attention
 
 
 @dataclass
@@ -91,14 +91,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_head * hd, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: KVCacheLike | None, start_pos: int) -> torch.Tensor:
+                kv_cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).view(B, T, c.n_head, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = causal_attention(q, k, v, self.layer_idx, kv_cache, start_pos)
+        y = causal_attention(q, k, v, self.layer_idx, kv_cache)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, c.n_head * c.head_dim))
 
 
@@ -121,8 +121,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, kv_cache, start_pos):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, start_pos)
+    def forward(self, x, cos, sin, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -147,22 +147,22 @@ class Llama(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCacheLike | None = None,
-                start_pos: int = 0, positions: torch.Tensor | None = None,
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                positions: torch.Tensor | None = None,
                 logit_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx [B, T] at positions start_pos.. (or `positions` [B, T]) -> (logits [B, T, V], loss or None).
+        """idx [B, T] at positions 0..T-1 (or `positions` [B, T]) -> (logits [B, T, V], loss or None).
 
         `logit_index` [B]: logits only at that position of each row -> [B, 1, V] (see GPT.forward)."""
         B, T = idx.shape
         if positions is None:
-            if start_pos + T > self.config.max_position_embeddings:
-                raise ValueError(f"sequence of {start_pos + T} tokens exceeds "
+            if T > self.config.max_position_embeddings:
+                raise ValueError(f"sequence of {T} tokens exceeds "
                                  f"max_position_embeddings={self.config.max_position_embeddings}")
-            positions = torch.arange(start_pos, start_pos + T, device=idx.device).expand(B, T)
+            positions = torch.arange(T, device=idx.device).expand(B, T)
         cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
         x = self.model.embed_tokens(idx)
         for block in self.model.layers:
-            x = block(x, cos, sin, kv_cache, start_pos)
+            x = block(x, cos, sin, kv_cache)
         if logit_index is not None:
             x = x[torch.arange(B, device=x.device), logit_index][:, None]
         logits = self.lm_head(self.model.norm(x))

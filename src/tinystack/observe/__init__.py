@@ -4,9 +4,9 @@ Data flow for one served request (the serving layer calls; everything is defined
 
     server sees it   -> RequestRecord + RequestTiming.mark("arrival")        (record.py, timing.py)
     body valid       -> mark("validated");  asks for a slot -> mark("enqueued")
-    engine           -> per sequence, finished or aborted: SequenceUsage (its own
-                        perf_counter stamps scheduled / first / last token, tokens,
-                        CPU and device seconds shared by tokens) -> RequestUsage        (usage.py)
+    engine           -> per sequence, finished or aborted: SequenceUsage (tokens, and the
+                        engine's own RequestMetrics: perf_counter stamps scheduled / first /
+                        last token, CPU and device seconds shared by tokens) -> RequestUsage (usage.py)
                      -> marks scheduled, first_token, last_token
     response done    -> mark("returned"); to_dict(): validate / queue / prefill / decode /
                         respond (summing to total), inference, ttft, tpot in ms

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
+from tinystack.cli_options import config_command
+from tinystack.config import Config
 
-def cost(log: Annotated[list[Path], typer.Option(help="Request log (JSONL); repeat for several.", exists=True,
+
+@config_command()  # --config / --set like every command; the costs were priced when the requests were served
+def cost(cfg: Config,
+         log: Annotated[list[Path], typer.Option(help="Request log (JSONL); repeat for several.", exists=True,
                                                  dir_okay=False)],
          as_json: Annotated[bool, typer.Option("--json", help="Print the totals as JSON instead.")] = False,
-         key: Annotated[Optional[str], typer.Option(help="Only this key id.")] = None) -> None:
+         key: Annotated[str | None, typer.Option(help="Only this key id.")] = None) -> None:
     """Cost per API key from request logs: requests, tokens, device/CPU seconds, USD, USD per 1k tokens."""
     from itertools import chain
 

@@ -6,29 +6,29 @@
 
 A request with n choices runs n engine sequences; its usage is their sum (tokens,
 CPU and device seconds) and their envelope in time (first scheduled = earliest,
-last token = latest). An aborted sequence (timeout, client gone, stop string cut by
-the server) still reports what it cost, a little after the abort: the request's
-log line and metrics wait for it (`when_settled`), so what was paid is never lost.
+last token = latest). Each sequence's stamps and cost are the engine's own record,
+`tinystack.infer.RequestMetrics` (the one record of them, not a copy of its fields).
+An aborted sequence (timeout, client gone, stop string cut by the server) still reports
+what it cost, a little after the abort: the request's log line and metrics wait for it
+(`when_settled`), so what was paid is never lost.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tinystack.infer.outputs import RequestMetrics
+
 
 @dataclass(frozen=True)
 class SequenceUsage:
-    """One engine sequence. Stamps are `time.perf_counter` readings, None when it never got there."""
+    """One engine sequence; `metrics` is the engine's record of it (None: it never reached the engine)."""
 
     request_id: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None  # the engine's: "stop" | "length" | "abort"; None when the engine failed
-    scheduled: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    cpu_s: float = 0.0
-    device_s: float = 0.0
+    metrics: RequestMetrics | None = None
 
 
 @dataclass
@@ -71,22 +71,28 @@ class RequestUsage:
             cb()
 
     # ------------------------------------------------------------ totals
+    def _metrics(self) -> list[RequestMetrics]:
+        return [s.metrics for s in self.sequences if s.metrics is not None]
+
+    def _stamps(self, point: str) -> list[float]:
+        return [t for m in self._metrics() if (t := getattr(m, point)) is not None]
+
     @property
     def scheduled(self) -> float | None:
-        return min((s.scheduled for s in self.sequences if s.scheduled is not None), default=None)
+        return min(self._stamps("scheduled"), default=None)
 
     @property
     def first_token(self) -> float | None:
-        return min((s.first_token for s in self.sequences if s.first_token is not None), default=None)
+        return min(self._stamps("first_token"), default=None)
 
     @property
     def last_token(self) -> float | None:
-        return max((s.last_token for s in self.sequences if s.last_token is not None), default=None)
+        return max(self._stamps("last_token"), default=None)
 
     @property
     def prompt_tokens(self) -> int:
         """Prompt tokens the engine computed: each sequence that got scheduled fed its prompt."""
-        return sum(s.prompt_tokens for s in self.sequences if s.scheduled is not None)
+        return sum(s.prompt_tokens for s in self.sequences if s.metrics is not None and s.metrics.scheduled is not None)
 
     @property
     def completion_tokens(self) -> int:
@@ -94,8 +100,8 @@ class RequestUsage:
 
     @property
     def cpu_s(self) -> float:
-        return sum(s.cpu_s for s in self.sequences)
+        return sum(m.cpu_s for m in self._metrics())
 
     @property
     def device_s(self) -> float:
-        return sum(s.device_s for s in self.sequences)
+        return sum(m.device_s for m in self._metrics())

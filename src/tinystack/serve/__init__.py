@@ -1,4 +1,4 @@
-"""Serving: an Engine behind an OpenAI-compatible HTTP API that stays up under overload, faults and bad input.
+"""Serving: the AsyncEngine behind an OpenAI-compatible HTTP API that stays up under overload, faults and bad input.
 
 Data flow of POST /v1/completions (chat and /generate are the same past parsing):
 
@@ -12,7 +12,7 @@ Data flow of POST /v1/completions (chat and /generate are the same past parsing)
       -> execution.run             breaker open -> fallback / 503; gate full -> 429    (engine/execution.py, guards/protect.py)
       -> generation.generate       n choices on the engine, stop strings, deadline     (engine/generation.py, engine/detok.py)
       -> EngineAdapter.stream      the only code that knows the engine's API  (engine/adapter.py,
-                                   engine/async_adapter.py: AsyncEngine, threaded_adapter.py: Engine)
+                                   engine/async_adapter.py: tinystack.infer.AsyncEngine)
       -> openai_service            whole JSON answer, or SSE chunks + data: [DONE]     (api/openai_service.py)
     timeout -> abort + 504; engine fails/stalls -> abort + degraded/503; client gone -> abort
     after sending -> Observer.finish (tinystack.observe): metrics, JSON log line, spans, cost,

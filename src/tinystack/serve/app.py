@@ -1,4 +1,4 @@
-"""`create_app`: an Engine and a ServeConfig in, the FastAPI app out.
+"""`create_app`: an AsyncEngine and a ServeConfig in, the FastAPI app out.
 
     RequestContextMiddleware   request id, timing, timing headers; hands each finished request to
                                the app's Observer: metrics, log line, spans, cost (middleware.py)
@@ -24,40 +24,56 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
+from tinystack.atomic import read_json
 from tinystack.config import ServeConfig
+from tinystack.infer.chat import ChatFormatter, load_chat_template
 from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
 from tinystack.observe.tracing import make_tracer
-from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
-from tinystack.serve.guards.body_limit import BodyLimitMiddleware
-from tinystack.infer.chat import ChatFormatter, load_chat_template
-from tinystack.serve.engine.adapter import make_adapter
 from tinystack.serve.api.errors import install_error_handlers
 from tinystack.serve.api.middleware import RequestContextMiddleware
+from tinystack.serve.api.routes import router
+from tinystack.serve.engine.adapter import make_adapter
+from tinystack.serve.engine.watchdog import watchdog
+from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
+from tinystack.serve.guards.body_limit import BodyLimitMiddleware
 from tinystack.serve.guards.protect import AdmissionGate, CircuitBreaker
 from tinystack.serve.guards.ratelimit import RateLimiter
-from tinystack.serve.api.routes import router
 from tinystack.serve.state import ServerState
 from tinystack.serve.ui.pages import ui_router
-from tinystack.serve.engine.watchdog import watchdog
 
 logger = logging.getLogger("tinystack.serve")
 
 
 def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None) -> ServerState:
     """The shared objects of one server run (see state.py). Raises ValueError for a bad key file."""
-    adapter = make_adapter(engine, cfg.max_num_seqs)
+    adapter = make_adapter(engine)
     tok = adapter.tokenizer
     eos = ""
     if adapter.eos_token_id is not None:
         eos = tok.decode([adapter.eos_token_id])
     name = cfg.model_name or (Path(model_dir).name if model_dir else "tinystack")
-    return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(cfg.max_num_seqs, cfg.max_queued_requests),
+    return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(adapter.max_num_seqs, cfg.max_queued_requests),
                        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
                        limiter=RateLimiter(cfg.rate_limit_rpm, cfg.rate_limit_tpm),
                        keys=KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file)),
-                       chat=ChatFormatter(load_chat_template(model_dir), eos_token=eos), model_name=name)
+                       chat=ChatFormatter(load_chat_template(model_dir), eos_token=eos), model_name=name,
+                       lineage=served_lineage(model_dir))
+
+
+def served_lineage(model_dir: str | Path | None) -> dict[str, Any]:
+    """What /v1/models says of the served model: its tinystack.json, and its registry entry when it is served
+    from the model registry (`--model registry:NAME`)."""
+    if model_dir is None:
+        return {}
+    model_dir = Path(model_dir)
+    lineage = read_json(model_dir / "tinystack.json") if (model_dir / "tinystack.json").is_file() else {}
+    record = model_dir.parent / "record.json"  # <registry>/<name>/<version>/model
+    if record.is_file():
+        r = read_json(record)
+        lineage = {**lineage, "registry": {k: r.get(k) for k in ("name", "version", "model_sha256", "added_at")}}
+    return lineage
 
 
 def _engine_reading(app: FastAPI) -> EngineReading | None:
@@ -70,7 +86,7 @@ def _engine_reading(app: FastAPI) -> EngineReading | None:
 
 def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None, *,
                model_dir: str | Path | None = None, span_exporter: Any = None) -> FastAPI:
-    """The serving app for `engine` (a `tinystack.infer.Engine`).
+    """The serving app for `engine` (a `tinystack.infer.AsyncEngine`).
 
     `request_log` receives one "request" line per HTTP request; the caller owns it
     (creates and closes it). `model_dir` is where the chat template

@@ -1,18 +1,31 @@
 """Running the app with uvicorn: in the foreground (the CLI) or on a background thread (demo, tests).
 
-Graceful shutdown (both ways): on SIGTERM / SIGINT (or leaving `run_in_background`)
-the app's ServerState is marked draining at once, so /ready answers 503; the server
-keeps accepting for `drain_delay_s` (load balancers see /ready fail and move away),
-then stops accepting and gives in-flight requests up to `shutdown_grace_s` to finish
-before it cancels what is left and exits. A second signal exits at once.
+Graceful shutdown (both ways), on SIGTERM / SIGINT (or leaving `run_in_background`):
+
+    draining     the app's ServerState is marked draining at once: /ready answers 503; requests
+                 are still served for `drain_delay_s` (load balancers see /ready fail and move away)
+    refusing     then new generation requests get 503 server_shutting_down (OpenAI error shape,
+                 Retry-After, Connection: close) -- the port stays open, so a late client is told
+                 to go elsewhere rather than refused -- while in-flight ones get up to
+                 `shutdown_grace_s` to finish
+    cut          grace over: every generation still running ends at once (its sequences aborted)
+                 as a 503 server_shutting_down, or in a stream as an error event and [DONE];
+                 each request keeps its log line and metrics
+    exit         the port closes, connections close once answered; anything still stuck is
+                 cancelled (and still answered 503 by the middleware, if it had sent nothing)
+
+A second signal exits at once.
 
 `run_in_background` binds the listening socket itself, before uvicorn starts, so with
 `port=0` the real port is known without reading uvicorn's internals, and a port that
-is taken fails at once with a clear error. The server thread is a daemon, so a stuck
+is taken fails at once with a clear error; its connections stream without Nagle's delay,
+as a host:port server's do (see `_bind`). The server thread is a daemon, so a stuck
 shutdown can never keep the interpreter alive.
 """
 from __future__ import annotations
 
+import asyncio
+import math
 import socket
 import threading
 import time
@@ -26,15 +39,41 @@ import uvicorn
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server that marks the app draining on the first exit signal (see the module docstring)."""
 
-    def __init__(self, config: uvicorn.Config, drain_delay_s: float = 0.0) -> None:
+    def __init__(self, config: uvicorn.Config, drain_delay_s: float = 0.0, grace_s: float | None = None) -> None:
         super().__init__(config)
         self.drain_delay_s = drain_delay_s
+        # None: no limit (uvicorn's default), the in-flight requests are waited for however long they take
+        self.grace_s = config.timeout_graceful_shutdown if grace_s is None else grace_s
         self._drain_timer: threading.Timer | None = None
 
+    def _state(self) -> Any:
+        return getattr(getattr(self.config.app, "state", None), "server", None)
+
     def mark_draining(self) -> None:
-        state = getattr(getattr(self.config.app, "state", None), "server", None)
+        state = self._state()
         if state is not None:
             state.draining = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Refuse new generation requests with 503 while the in-flight ones finish (the port stays
+        open), cut what is left when the grace is over, then let uvicorn close (module docstring)."""
+        state = self._state()
+        wait_s = self.grace_s  # uvicorn's wait for open connections, after which it cancels their tasks
+        if state is not None and not self.force_exit:
+            state.draining = state.refusing = True
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (math.inf if self.grace_s is None else self.grace_s)
+            while state.gate.in_flight and loop.time() < deadline and not self.force_exit:
+                await asyncio.sleep(POLL_S)
+            if state.gate.in_flight:
+                state.cut()
+                cut_deadline = loop.time() + CUT_ANSWER_S  # the cut requests answer and log at once
+                while state.gate.in_flight and loop.time() < cut_deadline and not self.force_exit:
+                    await asyncio.sleep(POLL_S)
+            # what is left is answers being written (or requests that do not generate): not a second grace
+            wait_s = None if self.grace_s is None else max(1.0, deadline - loop.time())
+        self.config.timeout_graceful_shutdown = wait_s  # uvicorn passes it to wait_for: a float works
+        await super().shutdown(sockets)
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -54,6 +93,9 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+POLL_S = 0.02  # how often the shutdown looks whether in-flight requests are done
+CUT_ANSWER_S = 2.0  # at most this long for the requests cut at the end of the grace to answer
+
 # Idle keep-alive connections are closed after this long. uvicorn's default (5 s) equals httpx's
 # own pool expiry, so a client could reuse a connection in the very moment the server closed it:
 # the request then fails with a read error (seen under load). Outlasting the clients (nginx uses
@@ -66,12 +108,16 @@ def serve_forever(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level
     """Serve `app` on host:port until SIGTERM / Ctrl-C, then drain gracefully (see the module docstring)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S,
                             timeout_graceful_shutdown=max(1, int(round(shutdown_grace_s))))
-    DrainingServer(config, drain_delay_s).run()
+    DrainingServer(config, drain_delay_s, shutdown_grace_s).run()
 
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP, not the default 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+    # connections whose socket says TCP, as a host:port server's do. With proto 0 and the plain asyncio
+    # loop (uvicorn without uvloop), every streamed chunk after the first waited for the client's delayed
+    # ACK: a short stream arrived in one piece ~40 ms late (client TTFT ~ e2e in `bench serve --model`).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -103,7 +149,7 @@ def run_in_background(app: Any, host: str = "127.0.0.1", port: int = 0, *, start
     actual_port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=KEEP_ALIVE_S,
                             timeout_graceful_shutdown=max(1, int(shutdown_timeout_s)))
-    server = DrainingServer(config)
+    server = DrainingServer(config, grace_s=shutdown_timeout_s)
     failure: list[BaseException] = []
 
     def target() -> None:

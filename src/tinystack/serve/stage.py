@@ -19,7 +19,7 @@ def stage_demo(cfg: Config, model_dir: Path, log_path: Path) -> list[dict[str, A
     from tinystack.serve import create_app, run_in_background
     from tinystack.serve.engine.adapter import load_engine
 
-    engine = load_engine(model_dir, cfg.serve.batching, cfg.serve.max_num_seqs, cfg.run.device)
+    engine = load_engine(model_dir, cfg.infer, cfg.run.device)  # the construction `tinystack serve` uses
     request_log = setup_request_log(log_path)
     answers = []
     try:
@@ -35,8 +35,7 @@ def stage_demo(cfg: Config, model_dir: Path, log_path: Path) -> list[dict[str, A
                     answers.append(resp.json())
     finally:
         request_log.close()
-        if hasattr(engine, "shutdown"):  # the AsyncEngine's thread
-            engine.shutdown()
+        engine.shutdown()  # the AsyncEngine's thread
     table = Table(title="demo requests (POST /generate)")
     for col in ("prompt -> completion", "tokens", "queue ms", "infer ms", "total ms"):
         table.add_column(col)

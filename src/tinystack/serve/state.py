@@ -8,20 +8,25 @@
       keys         API key checker (auth.py)
       chat         chat template (chat.py)
       draining     set on SIGTERM: /ready answers 503, the server finishes what it has
+      refusing     set when the shutdown proper starts (after drain_delay_s): new generation
+                   requests get 503 server_shutting_down while the in-flight ones finish
+      cut()        the grace period ran out: every generation still running ends now, as a 503
+                   (or, in a stream, an error event and [DONE]); `cut_signal()` is what it sets
 
 It is created inside the server's event loop (asyncio objects bind to it) and
 closed when the server stops, so the same app can be served more than once.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from tinystack.config import ServeConfig
-from tinystack.serve.guards.auth import KeyChecker
 from tinystack.infer.chat import ChatFormatter
 from tinystack.serve.engine.adapter import EngineAdapter
+from tinystack.serve.guards.auth import KeyChecker
 from tinystack.serve.guards.protect import AdmissionGate, CircuitBreaker
 from tinystack.serve.guards.ratelimit import RateLimiter
 
@@ -36,18 +41,34 @@ class ServerState:
     keys: KeyChecker
     chat: ChatFormatter
     model_name: str
+    lineage: dict[str, Any] = field(default_factory=dict)  # the served model's tinystack.json (+ registry entry)
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
+    refusing: bool = False
+    _cut: asyncio.Future | None = field(default=None, repr=False)
     counters: dict[str, int] = field(default_factory=lambda: {"degraded": 0, "engine_failures": 0,
-                                                              "rejected_429": 0, "timeouts": 0, "aborted": 0})
+                                                              "rejected_429": 0, "timeouts": 0, "aborted": 0,
+                                                              "rejected_shutdown": 0, "cut_at_shutdown": 0})
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
+    def cut_signal(self) -> asyncio.Future:
+        """Done once the shutdown grace period ran out (created on the server's loop at first use)."""
+        if self._cut is None:
+            self._cut = asyncio.get_running_loop().create_future()
+        return self._cut
+
+    def cut(self) -> None:
+        """End every generation still running (call on the server's loop)."""
+        signal = self.cut_signal()
+        if not signal.done():
+            signal.set_result(None)
+
     def settings(self) -> dict[str, Any]:
         """The protection settings in force (printed at start-up, shown by /health)."""
         c = self.cfg
-        return {"max_num_seqs": c.max_num_seqs, "max_queued_requests": c.max_queued_requests,
+        return {"max_num_seqs": self.adapter.max_num_seqs, "max_queued_requests": c.max_queued_requests,
                 "timeout_s": c.timeout_s, "stall_timeout_s": c.stall_timeout_s, "max_body_bytes": c.max_body_bytes,
                 "max_tokens_limit": c.max_tokens_limit, "max_n": c.max_n, "fallback": bool(c.fallback_text),
                 "breaker_failures": c.breaker_failures, "breaker_cooldown_s": c.breaker_cooldown_s,

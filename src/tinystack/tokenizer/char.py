@@ -6,7 +6,7 @@ encodes to `<|unk|>`, so every string encodes; it decodes to U+FFFD).
 
 Saved as a Hugging Face `tokenizers` file (a WordLevel model behind a one-character
 Split pre-tokenizer), so `tokenizers.Tokenizer.from_file` loads it and gives the same
-ids; `tinystack.tokenizer.load_tokenizer` picks this class or BPETokenizer by the file.
+ids; `tinystack.tokenizer.load_tokenizer` reads its file through `tokenizers`, like any other.
 """
 from __future__ import annotations
 

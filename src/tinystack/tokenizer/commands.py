@@ -6,16 +6,17 @@ from typing import Annotated
 
 import typer
 
-from tinystack.cli_options import ConfigOpt, SetOpt, resolve_config
+from tinystack.cli_options import config_command
+from tinystack.config import Config
 
 app = typer.Typer(no_args_is_help=True, help="Train the BPE tokenizer and encode splits.")
 
 
 @app.command("train")
-def train(data: Annotated[Path, typer.Option(help="Directory with train/val/test.jsonl.")],
-          out: Annotated[Path, typer.Option(help="Output directory (tokenizer.json + *.bin).")],
-          config: ConfigOpt = None, set_: SetOpt = None) -> None:
-    """Train byte-level BPE on train.jsonl and encode every split to a token file."""
+@config_command("tokenizer")
+def train(cfg: Config, data: Annotated[Path, typer.Option(help="Directory with train/val/test.jsonl.")],
+          out: Annotated[Path, typer.Option(help="Output directory (tokenizer.json + *.bin).")]) -> None:
+    """Train the tokenizer ([tokenizer] kind: byte-level BPE or char) on train.jsonl and encode every split."""
     from tinystack.tokenizer.stage import stage_tokenizer
 
-    stage_tokenizer(resolve_config(config, set_), data, out)
+    stage_tokenizer(cfg, data, out)

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from tinystack.atomic import atomic_open
 from tinystack.config import TrainConfig
+from tinystack.errors import UserError
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.nn.schedule import lr_at
 from tinystack.train import precision
@@ -37,8 +38,12 @@ from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpo
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
 
 
-class NonFiniteLossError(RuntimeError):
-    """The loss (or gradient norm) became NaN or infinite; the message names the step."""
+class NonFiniteLossError(UserError, RuntimeError):
+    """The loss (or gradient norm) became NaN or infinite; the message names the step. A UserError: the run
+    diverged under its settings (usually the learning rate), so the CLI reports it in one line."""
+
+
+DIVERGED = "the last checkpoint is kept; a lower train.learning_rate usually helps"
 
 
 @dataclass
@@ -230,12 +235,12 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
     loss_value = mean_across_ranks(total / A, info, str(dev))
     if not math.isfinite(loss_value):
         opt.zero_grad(set_to_none=True)
-        raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping (the last checkpoint is kept)")
+        raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping ({DIVERGED})")
     scaler.unscale_(opt)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
     if not math.isfinite(grad_norm) and not scaler.is_enabled():  # fp16: the scaler skips such steps itself
         opt.zero_grad(set_to_none=True)
-        raise NonFiniteLossError(f"gradient norm became {grad_norm} at step {step}; stopping (the last checkpoint is kept)")
+        raise NonFiniteLossError(f"gradient norm became {grad_norm} at step {step}; stopping ({DIVERGED})")
     scaler.step(opt)
     scaler.update()
     opt.zero_grad(set_to_none=True)

@@ -19,8 +19,10 @@ documents have ~2,000 distinct 3-grams, so 256k (permutation, shingle) values ea
 
 * Shingling is batched (`shingles.shingle_hashes_batch`): one encode and one pass of
   array operations for a group of texts, instead of ~15 small NumPy calls per text.
-* Each document's distinct shingles are taken (`shingles.sorted_unique`): repeats
-  cannot change a minimum, and English text repeats ~60 % of its 3-grams.
+* Repeated shingles cannot change a minimum, so a long document's are removed first
+  (`shingles.sorted_unique`; English text repeats ~60 % of the 3-grams of 2,000
+  characters). A short one keeps them (~13 % at ~330 characters): the per-document
+  sort would cost more than the permutation work it saves (`_DISTINCT_FROM`).
 * The permutation step runs on tiles of `_PBLOCK` permutations x `_CHUNK` shingles
   (several documents packed together): multiply, add (both in place, wrapping
   uint32) and a segmented minimum (`np.minimum.reduceat`) per tile. A 512 KiB tile
@@ -43,12 +45,13 @@ from typing import Sequence
 
 import numpy as np
 
-from tinystack.data.dedup.shingles import Unit, mix64, shingle_hashes_batch, sorted_unique
+from tinystack.data.dedup.shingles import Unit, canonical_batch, canonical_shingle_hashes, mix64, sorted_unique
 
 EMPTY = np.uint32(0xFFFFFFFF)  # signature value of a document with no shingles
 _CHUNK = 1 << 13  # shingles per tile (several documents packed together)
 _PBLOCK = 16  # permutations per tile: 16 x 8k x 4 B = 512 KiB, fits in L2
 _GROUP_CHARS = 1 << 15  # characters of text shingled in one batch
+_DISTINCT_FROM = 1024  # shingles from which a document's repeats are removed before the permutations
 _HIGH = 1 if sys.byteorder == "little" else 0  # which uint32 half of a uint64 holds its top bits
 
 
@@ -81,58 +84,72 @@ class MinHasher:
 
     def shingles_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """`shingles` of each text (batched shingling; same values)."""
+        x, counts = self._keys(canonical_batch(texts, self.params.casefold), distinct_from=0)
+        return np.split(x, np.cumsum(counts)[:-1]) if len(counts) else []
+
+    def _keys(self, canon: list[str], distinct_from: int = _DISTINCT_FROM) -> tuple[np.ndarray, np.ndarray]:
+        """(32-bit keys of every text, concatenated; count per text) of canonical texts: the
+        top 32 bits of each shingle hash, made distinct (sorted) for the texts with at least
+        `distinct_from` shingles. Repeats cannot change a minimum, so removing them only
+        pays where it saves more permutation work than the sort costs (see module doc)."""
         p = self.params
-        h, counts = shingle_hashes_batch(list(texts), p.k, p.unit, p.casefold)
-        x = h.view(np.uint32)[_HIGH::2]  # the top 32 bits of each hash, as a strided view (no pass)
-        ends = np.cumsum(counts).tolist()
-        return [sorted_unique(x[e - c : e]) for e, c in zip(ends, counts.tolist())]
+        h, counts = canonical_shingle_hashes(canon, p.k, p.unit)
+        x = h.view(np.uint32)[_HIGH::2]  # a strided view: the top halves
+        if not (counts >= distinct_from).any():
+            return np.ascontiguousarray(x), counts
+        parts = [sorted_unique(x[e - c : e]) if c >= distinct_from else x[e - c : e]
+                 for e, c in zip(np.cumsum(counts).tolist(), counts.tolist())]
+        return np.concatenate(parts), np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
 
     def signatures(self, texts: Sequence[str]) -> np.ndarray:
         """(len(texts), num_perm) uint32 signatures, one row per text, in order."""
-        texts = list(texts)
-        out = np.full((len(texts), self.params.num_perm), EMPTY, dtype=np.uint32)
+        return self.signatures_canonical(canonical_batch(texts, self.params.casefold))
+
+    def signatures_canonical(self, canon: Sequence[str]) -> np.ndarray:
+        """`signatures` of texts already in canonical form (`shingles.canonical_batch` with
+        this hasher's ``casefold``), for callers that need the canonical text anyway."""
+        canon = list(canon)
+        out = np.full((len(canon), self.params.num_perm), EMPTY, dtype=np.uint32)
         buf = np.empty(_PBLOCK * _CHUNK, dtype=np.uint32)
         start = 0
-        while start < len(texts):  # groups of texts of ~_GROUP_CHARS characters
+        while start < len(canon):  # groups of texts of ~_GROUP_CHARS characters
             stop, chars = start, 0
-            while stop < len(texts) and (stop == start or chars + len(texts[stop]) <= _GROUP_CHARS):
-                chars += len(texts[stop])
+            while stop < len(canon) and (stop == start or chars + len(canon[stop]) <= _GROUP_CHARS):
+                chars += len(canon[stop])
                 stop += 1
-            self._sign(self.shingles_batch(texts[start:stop]), out[start:stop], buf)
+            self._sign(*self._keys(canon[start:stop]), out[start:stop], buf)
             start = stop
         return out
 
     def signatures_from_shingles(self, hashes: Sequence[np.ndarray]) -> np.ndarray:
         """Signatures from precomputed shingle keys (as returned by `shingles`)."""
         out = np.full((len(hashes), self.params.num_perm), EMPTY, dtype=np.uint32)
-        self._sign(hashes, out, np.empty(_PBLOCK * _CHUNK, dtype=np.uint32))
+        counts = np.fromiter(map(len, hashes), dtype=np.int64, count=len(hashes))
+        x = np.concatenate(hashes) if len(hashes) else np.zeros(0, np.uint32)
+        self._sign(x, counts, out, np.empty(_PBLOCK * _CHUNK, dtype=np.uint32))
         return out
 
-    def _sign(self, hashes: Sequence[np.ndarray], out: np.ndarray, buf: np.ndarray) -> None:
-        """Fill `out` (rows of EMPTY) with the signatures of `hashes`, packing whole
-        documents into tiles of up to _CHUNK shingles."""
-        n, start = len(hashes), 0
+    def _sign(self, x: np.ndarray, counts: np.ndarray, out: np.ndarray, buf: np.ndarray) -> None:
+        """Fill `out` (rows of EMPTY) with the signatures of the documents whose keys are the
+        consecutive segments of `x` (counts[i] keys for row i), packing whole documents
+        into tiles of up to _CHUNK keys (the keys are already contiguous: no copy)."""
+        ends = np.cumsum(counts)
+        n, start = len(counts), 0
         while start < n:
-            stop, total = start, 0
-            while stop < n and (total == 0 or total + len(hashes[stop]) <= _CHUNK):
-                total += len(hashes[stop])
-                stop += 1
-            self._fill(hashes[start:stop], out[start:stop], buf)
+            lo = ends[start] - counts[start]
+            # the last document that still fits in a tile that starts at document `start`
+            stop = max(start + 1, int(np.searchsorted(ends, lo + _CHUNK, side="right")))
+            c = counts[start:stop]
+            nonempty = np.flatnonzero(c)
+            seg, row = x[lo : ends[stop - 1]], out[start:stop]
+            if len(nonempty) == 1 and len(seg) > _CHUNK:  # one long document:
+                row = row[nonempty[0]]  # running minimum over its pieces
+                for s in range(0, len(seg), _CHUNK):
+                    np.minimum(row, self._tile_min(seg[s : s + _CHUNK], np.zeros(1, np.int64), buf)[0], out=row)
+            elif len(nonempty):
+                starts = np.cumsum(c[nonempty]) - c[nonempty]
+                row[nonempty] = self._tile_min(seg, starts, buf)
             start = stop
-
-    def _fill(self, hashes: Sequence[np.ndarray], out: np.ndarray, buf: np.ndarray) -> None:
-        lengths = np.fromiter((len(h) for h in hashes), dtype=np.int64, count=len(hashes))
-        nonempty = np.flatnonzero(lengths)
-        if len(nonempty) == 0:
-            return
-        if len(nonempty) == 1 and lengths[nonempty[0]] > _CHUNK:  # one long document:
-            x, row = hashes[nonempty[0]], out[nonempty[0]]  # running minimum over its pieces
-            for s in range(0, len(x), _CHUNK):
-                np.minimum(row, self._tile_min(x[s : s + _CHUNK], np.zeros(1, np.int64), buf)[0], out=row)
-            return
-        x = np.concatenate([hashes[i] for i in nonempty])
-        starts = np.concatenate(([0], np.cumsum(lengths[nonempty])[:-1]))
-        out[nonempty] = self._tile_min(x, starts, buf)
 
     def _tile_min(self, x: np.ndarray, starts: np.ndarray, buf: np.ndarray) -> np.ndarray:
         """(len(starts), P): per segment of x (segments begin at `starts`), the minimum

@@ -27,11 +27,15 @@ import numpy as np
 
 from tinystack.data.dedup.lsh import band_candidates, band_key, optimal_bands, unique_pairs
 from tinystack.data.dedup.minhash import MinHashParams, jaccard_std
-from tinystack.data.dedup.shingles import Unit, exact_jaccard, shingle_set
+from tinystack.data.dedup.shingles import Unit, shingle_sets_batch
 from tinystack.data.dedup.unionfind import UnionFind
 
 EXACT_MARGIN = 4.0  # standard deviations below the threshold still sent to the exact check
-_EXACT_CHUNK = 1024  # pairs whose shingle sets are held at once during exact verification
+_EXACT_PAIRS = 512  # pairs in the first chunk of exact verification
+_EXACT_MIN_PAIRS = 64  # fewest pairs in a later chunk (each chunk is one pass over the texts)
+_EXACT_CHARS = 1 << 21  # characters of text whose shingle sets are held at once after it (~16 MiB)
+_VERIFY_VALUES = 1 << 18  # shingle hashes gathered at once when intersecting pairs' sets (~12 MiB)
+_TAG_BITS = 12  # bits of a pair's number in `pair_jaccard`'s keys (groups of < 4,096 pairs)
 _VERIFY_CHUNK = 1 << 12  # candidate pairs compared per vectorised batch (~4 MiB of gathered rows)
 
 
@@ -85,30 +89,95 @@ def estimate_pairs(sig_a: np.ndarray, sig_b: np.ndarray, pairs: np.ndarray) -> n
 
 def verify_pairs(pairs: np.ndarray, est: np.ndarray, params: NearDupParams,
                  texts_a: TextsOf | None, texts_b: TextsOf | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the true pairs; return (pairs, jaccard) where jaccard is exact when computed."""
+    """Keep the true pairs; return (pairs, jaccard) where jaccard is exact when computed.
+
+    Exact verification runs in chunks of pairs whose texts are fetched and shingled
+    together: the first chunk has `_EXACT_PAIRS` pairs, the next ones as many as keep
+    the chunk's texts near `_EXACT_CHARS` characters (from the length seen so far), so
+    short documents take one or two rounds of `texts_a` (a pass over the spool each)
+    and long ones stay within bounded memory."""
     keep = est >= params.estimate_floor
     pairs, est = pairs[keep], est[keep]
     if params.verify == "estimate" or texts_a is None or len(pairs) == 0:
         ok = est >= params.threshold
         return pairs[ok], est[ok]
-    jac = np.concatenate([_exact_chunk(pairs[c : c + _EXACT_CHUNK], est[c : c + _EXACT_CHUNK], params,
-                                       texts_a, texts_b) for c in range(0, len(pairs), _EXACT_CHUNK)])
+    parts, at, size = [], 0, _EXACT_PAIRS
+    while at < len(pairs):
+        jac, chars = _exact_chunk(pairs[at : at + size], est[at : at + size], params, texts_a, texts_b)
+        parts.append(jac)
+        at += len(jac)
+        size = int(min(max(_EXACT_CHARS * len(jac) / max(chars, 1), _EXACT_MIN_PAIRS), 1 << 16))
+    jac = np.concatenate(parts)
     ok = jac >= params.threshold
     return pairs[ok], jac[ok]
 
 
 def _exact_chunk(pairs: np.ndarray, est: np.ndarray, params: NearDupParams, texts_a: TextsOf,
-                 texts_b: TextsOf | None) -> np.ndarray:
-    """Exact Jaccard for one chunk of pairs (bounded memory: only this chunk's shingle sets)."""
+                 texts_b: TextsOf | None) -> tuple[np.ndarray, int]:
+    """(exact Jaccard of each pair, characters of text fetched) for one chunk of pairs.
+    A pair whose text is not available (an index built with keep_texts=False) keeps its
+    estimate."""
     p = params
-    sets = lambda txt: {i: shingle_set(t, p.k, p.unit, p.casefold) for i, t in txt.items()}
-    if texts_b is None:  # both sides index the same collection: one read, one shingling
-        sa = sb = sets(texts_a(np.unique(pairs)))
+    ta = texts_a(np.unique(pairs[:, 0] if texts_b is not None else pairs))
+    tb = ta if texts_b is None else texts_b(np.unique(pairs[:, 1]))  # both sides one collection: one read
+    pos_a = {i: k for k, i in enumerate(ta)}
+    texts = list(ta.values())
+    if texts_b is None:
+        pos_b = pos_a
     else:
-        sa, sb = sets(texts_a(np.unique(pairs[:, 0]))), sets(texts_b(np.unique(pairs[:, 1])))
-    # A pair whose text is not available (an index built with keep_texts=False) keeps its estimate.
-    return np.array([exact_jaccard(sa[i], sb[j]) if i in sa and j in sb else e
-                     for (i, j), e in zip(pairs.tolist(), est.tolist())], dtype=np.float64)
+        pos_b = {j: len(texts) + k for k, j in enumerate(tb)}
+        texts += tb.values()
+    values, sizes = shingle_sets_batch(texts, p.k, p.unit, p.casefold)
+    a = np.array([pos_a.get(i, -1) for i in pairs[:, 0].tolist()], dtype=np.int64)
+    b = np.array([pos_b.get(j, -1) for j in pairs[:, 1].tolist()], dtype=np.int64)
+    have = (a >= 0) & (b >= 0)
+    jac = est.astype(np.float64)
+    jac[have] = pair_jaccard(values, sizes, a[have], b[have])
+    return jac, sum(map(len, texts))
+
+
+def pair_jaccard(values: np.ndarray, sizes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact Jaccard of sets a[m] and b[m] for every m, where set i is the i-th segment
+    (sizes[i] values, sorted, distinct) of `values` (as from `shingles.shingle_sets_batch`).
+    Same value as `exact_jaccard` (an empty pair of sets is 1.0).
+
+    Vectorised over pairs: each value is keyed by (pair number, value) packed in 64
+    bits, the pair number in the top `_TAG_BITS` and the value's top 64 - `_TAG_BITS`
+    bits below it, so all b-sides form one sorted array and one `searchsorted` finds
+    every common value; a hit counts only when the full values agree too. Two values
+    of one b-set that share their top bits (~1e-11 for a pair of short texts) would
+    hide each other: a group of pairs where that happens is counted pair by pair."""
+    starts = np.cumsum(sizes) - sizes
+    out = np.empty(len(a), dtype=np.float64)
+    n_val = sizes[a] + sizes[b]
+    ends = np.cumsum(n_val)
+    m = 0
+    while m < len(a):  # groups of < 2**_TAG_BITS pairs and ~_VERIFY_VALUES values
+        stop = min(m + (1 << _TAG_BITS) - 1, len(a))
+        stop = max(m + 1, min(stop, int(np.searchsorted(ends, ends[m] - n_val[m] + _VERIFY_VALUES, side="right"))))
+        (va, ka), (vb, kb) = _keyed(values, starts, sizes, a[m:stop]), _keyed(values, starts, sizes, b[m:stop])
+        if len(kb) > 1 and (kb[1:] == kb[:-1]).any():
+            inter = np.array([len(np.intersect1d(values[starts[i] : starts[i] + sizes[i]],
+                                                 values[starts[j] : starts[j] + sizes[j]], assume_unique=True))
+                              for i, j in zip(a[m:stop].tolist(), b[m:stop].tolist())], dtype=np.int64)
+        else:
+            at = np.minimum(np.searchsorted(kb, ka), max(len(kb) - 1, 0))
+            hit = (kb[at] == ka) & (vb[at] == va) if len(kb) else np.zeros(len(ka), dtype=bool)
+            inter = np.bincount((ka[hit] >> np.uint64(64 - _TAG_BITS)).astype(np.intp), minlength=stop - m)
+        union = sizes[a[m:stop]] + sizes[b[m:stop]] - inter
+        out[m:stop] = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+        m = stop
+    return out
+
+
+def _keyed(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values of segments `seg` concatenated, their keys: position in `seg` in the top
+    `_TAG_BITS` bits, the value's top bits below; sorted, since each segment is)."""
+    lens = sizes[seg]
+    first = np.cumsum(lens) - lens
+    v = values[np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts[seg] - first, lens)]
+    tag = np.repeat(np.arange(len(seg), dtype=np.uint64) << np.uint64(64 - _TAG_BITS), lens)
+    return v, tag | (v >> np.uint64(_TAG_BITS))
 
 
 def find_pairs(sigs: np.ndarray, params: NearDupParams, texts_of: TextsOf | None = None,

@@ -3,16 +3,18 @@ clustered, one survivor per cluster, a ``cluster_id`` on every record.
 
 Flow (memory: the signature index only; records wait in an on-disk `Spool`):
 
-    pass 1  stream in -> spool; exact key (SHA-256 of `normalize_text`) per record;
-            the first record of each exact key gets a signature (batches of
-            `BATCH` texts, over `workers` processes when > 1; same output either way,
-            signatures are pure functions of the text)
+    pass 1  stream in -> spool; records `BATCH` at a time: their canonical texts
+            (`shingles.canonical_batch`, once per text), the exact key of each
+            (`exact.exact_key`: SHA-256 of the canonical text); the first record of
+            each exact key gets a signature of the same canonical text, case-folded
+            (batches of `BATCH` texts, over `workers` processes when > 1; same output
+            either way, signatures are pure functions of the text)
     then    LSH candidates -> verified pairs (`neardup.find_pairs`; exact Jaccard
             re-reads only the texts of candidate pairs from the spool) -> union-find;
             an exact duplicate is unioned with its first copy, so it shares its cluster
     pass 2  spool -> records in input order; the cluster root (smallest index) is kept,
             the rest are dropped as ``exact_duplicate`` / ``near_duplicate`` and handed
-            to `on_removed` (the `dedup` command writes them to removed.jsonl)
+            to `on_removed` (the `dedup` command writes them to duplicates.jsonl)
 
 ``cluster_id`` is the 0-based position, in this step's input, of the cluster's
 survivor: deterministic for a given input order, and equal for all members.
@@ -26,7 +28,8 @@ typed arrays (8 bytes a record), not lists of Python ints (~36 bytes).
 """
 from __future__ import annotations
 
-import dataclasses
+import hashlib
+import itertools
 import tempfile
 from array import array
 from concurrent.futures import ProcessPoolExecutor
@@ -34,9 +37,9 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tinystack.data.dedup.exact import exact_key
 from tinystack.data.dedup.minhash import MinHasher
 from tinystack.data.dedup.near_duplicates import NearDupParams, cluster_roots, find_pairs
+from tinystack.data.dedup.shingles import canonical_batch, fold_canonical
 from tinystack.data.io.records import Record
 from tinystack.data.io.spool import Spool
 from tinystack.data.steps import StepStats
@@ -44,20 +47,27 @@ from tinystack.data.steps import StepStats
 BATCH = 512  # texts per signature batch (and per task sent to a worker)
 
 
+def _chunks(records: Iterable[Record], size: int) -> Iterator[list[Record]]:
+    it = iter(records)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
 def _signatures(args: tuple[NearDupParams, list[str]]) -> np.ndarray:
-    params, texts = args
-    return MinHasher(params.minhash).signatures(texts)
+    params, canon = args
+    return MinHasher(params.minhash).signatures_canonical(canon)
 
 
-def signature_batches(texts: Iterable[list[str]], params: NearDupParams, workers: int = 1) -> Iterator[np.ndarray]:
-    """Signatures of each batch, in order; `workers` > 1 uses a process pool."""
+def signature_batches(canon: Iterable[list[str]], params: NearDupParams, workers: int = 1) -> Iterator[np.ndarray]:
+    """Signatures of each batch of canonical texts (`canonical_batch` with the params'
+    ``casefold``), in order; `workers` > 1 uses a process pool."""
     if workers <= 1:
         hasher = MinHasher(params.minhash)
-        for batch in texts:
-            yield hasher.signatures(batch)
+        for batch in canon:
+            yield hasher.signatures_canonical(batch)
         return
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        yield from pool.map(_signatures, ((params, b) for b in texts), chunksize=1)
+        yield from pool.map(_signatures, ((params, b) for b in canon), chunksize=1)
 
 
 class NearDedup:
@@ -66,7 +76,8 @@ class NearDedup:
     name = "near_dedup"
 
     def __init__(self, params: NearDupParams | None = None, *, exact: bool = True, workers: int = 1,
-                 on_removed: Callable[[Record], None] | None = None, progress: Callable[[int], None] | None = None) -> None:
+                 on_removed: Callable[[Record], None] | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
         self.params = params or NearDupParams()
         self.exact, self.workers, self.on_removed, self.progress = exact, workers, on_removed, progress
         self.stats = StepStats(self.name)
@@ -83,26 +94,39 @@ class NearDedup:
         return out
 
     def _pass1(self, records: Iterable[Record], spool: Spool, first_of: array) -> Iterator[list[str]]:
-        """Spool records; yield batches of texts that need a signature."""
+        """Spool records; yield batches of the canonical texts that need a signature.
+
+        Records are taken `BATCH` at a time so that canonicalisation runs once per batch
+        (`canonical_batch`): the exact key hashes the case-kept canonical text, the
+        signature the same text case-folded (`fold_canonical`), so each text is
+        normalised once, not twice, and never one NumPy pass per short text."""
         seen: dict[bytes, int] = {}
-        batch: list[str] = []
-        for i, r in enumerate(records):
-            spool.append(r)
-            key = exact_key(r.text)[:16] if self.exact else None  # 128 bits, as in ExactDedup
-            if key is not None and key in seen:
-                first_of.append(seen[key])
-                continue
-            if key is not None:
-                seen[key] = i
-            first_of.append(i)
-            batch.append(r.text)
-            if len(batch) == BATCH:
-                yield batch
-                batch = []
-            if self.progress and (i + 1) % BATCH == 0:
-                self.progress(i + 1)
-        if batch:
-            yield batch
+        out: list[str] = []
+        fold = self.params.casefold
+        sha256 = hashlib.sha256
+        n = 0
+        for chunk in _chunks(records, BATCH):
+            for r in chunk:
+                spool.append(r)
+            canon = canonical_batch([r.text for r in chunk], casefold=False)
+            for c in canon:
+                if self.exact:  # 128 bits of exact_key, as in ExactDedup
+                    first = seen.setdefault(sha256(c.encode("utf-8")).digest()[:16], n)
+                    first_of.append(first)
+                    if first != n:
+                        n += 1
+                        continue
+                else:
+                    first_of.append(n)
+                n += 1
+                out.append(fold_canonical(c) if fold else c)
+                if len(out) == BATCH:
+                    yield out
+                    out = []
+            if self.progress:
+                self.progress(n)
+        if out:
+            yield out
 
     def _pairs(self, batches: Iterator[list[str]], rows_ready: Callable[[], np.ndarray],
                texts_of: Callable[[np.ndarray], dict[int, str]] | None) -> np.ndarray:
@@ -150,14 +174,15 @@ class NearDedup:
             b, r = self.params.bands
             self.stats.extra.update(clusters=int((sizes >= 2).sum()), verified_pairs=int(len(pairs)),
                                     signatures=int(len(rows)), bands=b, rows=r, threshold=self.params.threshold)
-            for i, rec in enumerate(spool):
+            # per record: plain Python values (indexing NumPy arrays costs ~0.1 us a scalar)
+            for i, (rec, root, first) in enumerate(zip(spool, roots.tolist(), firsts.tolist())):
                 self.stats.n_in += 1
-                rec = dataclasses.replace(rec, extra={**rec.extra, "cluster_id": int(roots[i])})
-                if roots[i] == i:
+                rec.extra = {**rec.extra, "cluster_id": root}  # a fresh dict: extras may be shared objects
+                if root == i:
                     self.stats.kept += 1
                     yield rec
                     continue
-                reason = "exact_duplicate" if firsts[i] != i else "near_duplicate"
+                reason = "exact_duplicate" if first != i else "near_duplicate"
                 self.stats.dropped[reason] += 1
                 self.stats.add_example(rec, reason)
                 if self.on_removed:

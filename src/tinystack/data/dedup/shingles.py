@@ -8,6 +8,9 @@ Near dedup compares *sets of shingles*. Two kinds:
 
 The canonical text (`canonical`) is NFKC, optionally case-folded, with every run of
 whitespace collapsed to one space: formatting differences are not content differences.
+`canonical_batch` computes it for many texts at once (the per-call cost matters on
+short documents), and `fold_canonical` case-folds a case-kept canonical text, so a
+caller that needs both forms (the dedup step: exact key and shingles) normalises once.
 
 Vectorised, no Python loop per shingle: the text becomes an array of code points
 (UTF-32 view, one element per character), and a k-gram's key is the polynomial
@@ -22,38 +25,61 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
 Unit = Literal["char", "word"]
 _BASE = np.uint64(1 << 21)  # > max code point: exact packing for k <= 3
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_SET_GROUP_CHARS = 1 << 16  # characters shingled at once by `shingle_sets_batch`
 
 
 # Full-width ASCII forms (U+FF01..FF5E) and the ideographic space are the compatibility
 # characters of everyday CJK text; mapping them first usually makes the full NFKC
 # call unnecessary (`is_normalized` is ~100x cheaper than `normalize`). The result is
 # identical to plain NFKC: these are exactly NFKC's mappings for them.
-def _map_fullwidth(text: str) -> str:
-    """U+FF01..FF5E -> U+0021..007E and U+3000 -> space, as array arithmetic
-    (`str.translate` with a dict costs ~0.1 us per character)."""
-    c = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).copy()
+def _map_fullwidth(texts: list[str]) -> list[str]:
+    """U+FF01..FF5E -> U+0021..007E and U+3000 -> space in every text, as array arithmetic
+    over their concatenation (`str.translate` with a dict costs ~0.1 us per character,
+    and one NumPy pass per short text ~20 us). The mapping keeps each code point one
+    code point, so the texts are cut back out of the result by their lengths."""
+    c = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).copy()
     wide = (c >= 0xFF01) & (c <= 0xFF5E)
     c[wide] -= 0xFEE0
     c[c == 0x3000] = 0x20
-    return c.tobytes().decode("utf-32-le")
+    joined = c.tobytes().decode("utf-32-le")
+    out, at = [], 0
+    for t in texts:
+        out.append(joined[at : at + len(t)])
+        at += len(t)
+    return out
+
+
+def canonical_batch(texts: Sequence[str], casefold: bool = True) -> list[str]:
+    """`canonical` of every text; the compatibility mapping runs once over all the texts
+    that need it, which is what makes many short CJK documents cheap."""
+    out = list(texts)
+    wide = [i for i, t in enumerate(out) if not t.isascii() and not unicodedata.is_normalized("NFKC", t)]
+    if wide:
+        for i, t in zip(wide, _map_fullwidth([out[i] for i in wide])):
+            out[i] = t if unicodedata.is_normalized("NFKC", t) else unicodedata.normalize("NFKC", t)
+    if casefold:
+        return [" ".join((t.lower() if t.isascii() else t.casefold()).split()) for t in out]
+    return [" ".join(t.split()) for t in out]  # str.split() splits on Unicode whitespace, in C
 
 
 def canonical(text: str, casefold: bool = True) -> str:
     """NFKC, optional case folding, whitespace runs -> one space, stripped."""
-    if not text.isascii() and not unicodedata.is_normalized("NFKC", text):
-        text = _map_fullwidth(text)
-        if not unicodedata.is_normalized("NFKC", text):
-            text = unicodedata.normalize("NFKC", text)
-    if casefold:
-        text = text.lower() if text.isascii() else text.casefold()
-    return " ".join(text.split())  # str.split() splits on Unicode whitespace, in C
+    return canonical_batch([text], casefold)[0]
+
+
+def fold_canonical(text: str) -> str:
+    """`canonical(t, True)` from `canonical(t, False)`, without a second NFKC pass: case
+    folding maps each character on its own and never creates, removes or changes
+    whitespace (checked over every code point by the tests), so folding commutes with
+    the whitespace collapse; ASCII text is lowered (the same, faster)."""
+    return text.lower() if text.isascii() else text.casefold()
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -133,9 +159,13 @@ def shingle_hashes_batch(texts: list[str], k: int = 3, unit: Unit = "char",
     operations, which is what makes short documents cheap (a NumPy call costs ~1 us,
     whatever its size).
     """
+    return canonical_shingle_hashes(canonical_batch(texts, casefold), k, unit)
+
+
+def canonical_shingle_hashes(canon: list[str], k: int = 3, unit: Unit = "char") -> tuple[np.ndarray, np.ndarray]:
+    """`shingle_hashes_batch` of texts that are already canonical (`canonical_batch`)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    canon = [canonical(t, casefold) for t in texts]
     if unit == "char":
         keys, counts = _char_keys_batch(canon, k)
     elif unit == "word":
@@ -162,6 +192,26 @@ def sorted_unique(x: np.ndarray) -> np.ndarray:
     if len(x) > 1:
         x = x[np.concatenate(([True], x[1:] != x[:-1]))]
     return x
+
+
+def shingle_sets_batch(texts: list[str], k: int = 3, unit: Unit = "char",
+                       casefold: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`shingle_set` of several texts: (their sets concatenated, size of each). Shingling
+    is batched over groups of ~`_SET_GROUP_CHARS` characters (bounding the temporaries);
+    each set is then sorted on its own: a few hundred values sort in cache, ~10x faster
+    a value than one sort of all of them."""
+    sets: list[np.ndarray] = []
+    start = 0
+    while start < len(texts):
+        stop, chars = start, 0
+        while stop < len(texts) and (stop == start or chars + len(texts[stop]) <= _SET_GROUP_CHARS):
+            chars += len(texts[stop])
+            stop += 1
+        h, counts = shingle_hashes_batch(texts[start:stop], k, unit, casefold)
+        sets += [sorted_unique(h[e - c : e]) for e, c in zip(np.cumsum(counts).tolist(), counts.tolist())]
+        start = stop
+    sizes = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
+    return (np.concatenate(sets) if sets else np.zeros(0, np.uint64)), sizes
 
 
 def shingle_set(text: str, k: int = 3, unit: Unit = "char", casefold: bool = True) -> np.ndarray:

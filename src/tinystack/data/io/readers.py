@@ -47,11 +47,11 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
     bad_source, bad_timestamp, bad_id). `fields` renames input keys first.
     """
     path = Path(path)
-    fallback = default_source or path.name
+    fallback, name = default_source or path.name, str(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             raw = raw.rstrip(b"\r\n")
-            if not raw.strip():
+            if not raw or raw.isspace():  # blank (no copy, unlike raw.strip())
                 continue
             try:
                 line = _decode(raw, lineno == 1)
@@ -63,7 +63,9 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
             except json.JSONDecodeError as e:
                 rejects.add(path, lineno, "invalid_json", line, str(e))
                 continue
-            if "\\ud" in line.lower():  # cheap pre-check; only then pay for the full test
+            # cheap pre-check on the bytes (JSON escapes are ASCII: "\\u" + 4 hex digits of
+            # either case); only then pay for the full test.
+            if b"\\ud" in raw or b"\\uD" in raw:
                 try:
                     json.dumps(obj, ensure_ascii=False).encode("utf-8")
                 except UnicodeEncodeError as e:
@@ -72,7 +74,7 @@ def read_jsonl(path: str | Path, rejects: Rejects, *, default_source: str | None
             if fields is not None:
                 obj = fields.apply(obj)
             try:
-                yield Record.from_dict(obj, default_source=fallback, origin=(str(path), lineno))
+                yield Record.from_dict(obj, default_source=fallback, origin=(name, lineno))
             except RecordError as e:
                 rejects.add(path, lineno, e.reason, line, str(e))
 

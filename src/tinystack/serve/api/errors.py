@@ -1,7 +1,8 @@
 """Every failure becomes one JSON shape, OpenAI's: `{"error": {"message", "type", "param", "code"}}`.
 
     ApiError raised anywhere in a request          -> its status, message, type, code
-    RequestValidationError (pydantic / FastAPI)    -> 422 "field: reason; ..." (malformed JSON -> 400)
+    RequestValidationError (pydantic / FastAPI)    -> 400 "field: reason; ..." (/generate: 422); malformed
+                                                      JSON and text with an unpaired surrogate: 400 on every route
     Starlette HTTPException (404, 405, ...)        -> its status, reshaped
     anything else                                  -> 500 "internal server error (request id ...)"
                                                       (middleware.py; the traceback goes to the
@@ -15,6 +16,7 @@ Retry-After), 503 engine unavailable or server draining, 504 timeout, 500 a bug.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,7 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tinystack.serve.api.context import get_context
-from tinystack.serve.api.schemas import ErrorDetail, ErrorResponse
+from tinystack.serve.api.schemas import UNPAIRED_SURROGATE, ErrorDetail, ErrorResponse
 
 logger = logging.getLogger("tinystack.serve")
 
@@ -34,10 +36,11 @@ AUTH_ERROR = "authentication_error"
 
 
 class ApiError(Exception):
-    """An error answer: HTTP `status`, a message for the client, an error `type` and a precise `code`."""
+    """An error answer: HTTP `status`, a message for the client, an error `type` and a precise `code`;
+    `failure` is the metrics' failure reason when the status alone would say it wrong (observe.observer)."""
 
     def __init__(self, status: int, message: str, code: str, type: str = INVALID_REQUEST, *,
-                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None, failure: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -45,6 +48,7 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.headers = headers or {}
+        self.failure = failure
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.code, self.param)
@@ -64,28 +68,40 @@ def error_response(request: Request, status: int, message: str, type: str, code:
     return JSONResponse(error_body(message, type, code, param), status_code=status, headers=headers)
 
 
-def _field_name(loc: tuple[Any, ...]) -> str:
+# pydantic names the branch of a union in an error's location ("stop.constrained-str",
+# "prompt.list[str]"); the client only needs the field
+_UNION_BRANCH = re.compile(r"(constrained-)?(str|int|float|bool|none)|(list|dict)\[.*\]")
+
+
+def _field_name(loc: tuple[Any, ...], kind: str | None = None) -> str:
     parts = [str(p) for p in loc if p != "body"]
+    keep_last = kind == "extra_forbidden"  # there the last part is the client's own key, whatever it is
+    parts = [p for i, p in enumerate(parts)
+             if not _UNION_BRANCH.fullmatch(p) or (keep_last and i == len(parts) - 1)]
     return ".".join(parts) if parts else "request body"
 
 
 def validation_message(errors: list[dict[str, Any]]) -> str:
-    """Pydantic errors -> "max_tokens: Input should be a valid integer; foo: Extra inputs are not permitted"."""
-    out = []
+    """Pydantic errors -> "max_tokens: Input should be a valid integer; foo: Extra inputs are not permitted";
+    the branches of a union field are one entry: "stop: String should have at least 1 character, or ..."."""
+    out: dict[str, list[str]] = {}
     for err in errors:
-        field = _field_name(tuple(err.get("loc", ())))
         kind = err.get("type")
+        field = _field_name(tuple(err.get("loc", ())), kind)
         if field == "request body" and kind == "missing":
-            out.append('request body is required: a JSON object with at least "prompt"')
+            out.setdefault('request body is required: a JSON object with at least "prompt"', [])
         elif field == "request body" and kind in ("model_attributes_type", "dict_type", "model_type"):
-            out.append("request body must be a JSON object (send Content-Type: application/json)")
+            out.setdefault("request body must be a JSON object (send Content-Type: application/json)", [])
         else:
-            out.append(f"{field}: {err.get('msg', 'invalid value')}")
-    return "; ".join(out) or "invalid request"
+            out.setdefault(f"{field}: ", []).append(err.get("msg", "invalid value"))
+    return "; ".join(head + ", or ".join(msgs) for head, msgs in out.items()) or "invalid request"
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
+    ctx = get_context(request)
+    if ctx is not None and exc.failure is not None:
+        ctx.failure = exc.failure
     return error_response(request, exc.status, exc.message, exc.type, exc.code, exc.param, exc.headers)
 
 
@@ -98,9 +114,16 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         pos = [p for p in bad_json.get("loc", ()) if isinstance(p, int)]
         where = f" at character {pos[0]}" if pos else ""
         return error_response(request, 400, f"malformed JSON body: {reason}{where}", INVALID_REQUEST, "malformed_json")
+    bad_text = next((e for e in errors if e.get("type") == UNPAIRED_SURROGATE), None)
+    if bad_text is not None:  # not a field out of range but text that is no Unicode: 400 like malformed JSON
+        where = (bad_text.get("ctx") or {}).get("param")
+        return error_response(request, 400, bad_text["msg"], INVALID_REQUEST, "invalid_unicode",
+                              None if where == "request body" else where)
     # OpenAI answers 400 for a bad field; /generate keeps the foundation's 422
     status = 422 if request.url.path == "/generate" else 400
-    param = _field_name(tuple(errors[0].get("loc", ()))) if errors else None
+    # the deepest error names the field best (of a union's branches, the one that got furthest)
+    deepest = max(errors, key=lambda e: len(e.get("loc", ())), default=None)
+    param = _field_name(tuple(deepest.get("loc", ())), deepest.get("type")) if deepest else None
     return error_response(request, status, validation_message(errors), INVALID_REQUEST, "validation_error",
                           None if param == "request body" else param)
 

@@ -10,6 +10,9 @@
                    x-time-to-first-token (set by the route) is known; the full timing is in the
                    final chunk's `timing` object, and "returned" is marked at the last body byte
     unhandled   -> generic 500 body (traceback to the `tinystack.serve` logger)
+    cancelled   -> uvicorn cancels what is left when a stopping server's time is up: a 503
+                   server_shutting_down if nothing was sent yet, an error event and [DONE] if a
+                   stream was cut (the last resort: the grace period's own cut, state.cut, comes first)
     after send  -> observer.finish(ctx): metrics, the JSON log line, spans, cost (observe/observer.py)
 
 Pure ASGI (not `@app.middleware("http")`/BaseHTTPMiddleware) so it adds no extra
@@ -17,6 +20,10 @@ task or body buffering, and so it can see and answer exceptions nothing else han
 while still adding the headers and recording the request.
 """
 from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import suppress
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -26,7 +33,7 @@ from tinystack.observe.cost import cost_usd
 from tinystack.observe.observer import Observer
 from tinystack.observe.timing import RequestTiming
 from tinystack.serve.api.context import REQUEST_ID_HEADER, STATE_KEY, RequestContext, new_request_id
-from tinystack.serve.api.errors import unexpected_error_response
+from tinystack.serve.api.errors import SERVER_ERROR, error_body, unexpected_error_response
 
 GENERATION_ROUTES = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 TIMING_HEADERS = {"x-queue-time": "queue_ms", "x-inference-time": "inference_ms",
@@ -90,6 +97,10 @@ class RequestContextMiddleware:
                 raise  # the response already started; uvicorn will close the connection
             response = unexpected_error_response(Request(scope), exc)
             await response(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            with suppress(Exception):  # the client may be gone as well
+                await _answer_stopped(ctx, streaming, send_with_id)
+            raise
         finally:
             self._finish(scope, ctx)
 
@@ -102,3 +113,22 @@ class RequestContextMiddleware:
             ctx.mark_returned()
         if self.observer is not None:
             self.observer.finish(ctx)
+
+
+STOPPED = error_body("the server stopped before this request finished; retry on another instance", SERVER_ERROR,
+                     "server_shutting_down")
+
+
+async def _answer_stopped(ctx: RequestContext, streaming: bool, send: Send) -> None:
+    """The request's task was cancelled (the server stops): tell the client, if the answer is still open."""
+    ctx.failure = "aborted"
+    ctx.fields.setdefault("error_code", "server_shutting_down")
+    if ctx.status is None:
+        body = json.dumps(STOPPED).encode()
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"retry-after", b"1"), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+    elif streaming and not ctx.timing.is_marked("returned"):
+        events = b"data: " + json.dumps(STOPPED).encode() + b"\n\ndata: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": events, "more_body": False})

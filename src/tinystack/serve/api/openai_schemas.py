@@ -3,43 +3,47 @@
 The fields are OpenAI's (https://platform.openai.com/docs/api-reference), with the
 same ranges, plus vLLM-style extras that the `openai` client sends with `extra_body`:
 `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, and `timeout` (seconds; may
-only lower the server's timeout). Unknown fields are rejected (a typo must not fall
-back to a default silently); strings are not numbers. Limits that depend on the
-server's config (`n <= max_n`, `max_tokens <= max_tokens_limit`, the prompt fitting
-the context) are checked in requests.py, with the numbers in the message.
+only lower the server's timeout). Unknown fields are rejected at every level, inside
+`messages[]` too (a typo must not fall back to a default silently); the fields of
+OpenAI's answer message that this server never produces (`refusal`, `tool_calls`, ...)
+are accepted as null, which is what a client echoes back. Strings are not numbers;
+integer fields take 5.0 as 5 (schemas.RequestBody). Every rule that does not depend on the
+server's config is in the schema (so /openapi.json says it); the ones that do (`n <=
+max_n`, `max_tokens <= max_tokens_limit`, the prompt fitting the context) are checked in
+requests.py, with the numbers in the message, as are two rules between fields:
+`max_tokens` and `max_completion_tokens` exclude each other (the schema says so with
+`not`), and `top_logprobs` needs `logprobs: true`.
 Responses are plain dicts built in openai_service.py, in OpenAI's shapes.
 """
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tinystack.serve.api.schemas import SEED_MAX
+from tinystack.serve.api.schemas import SEED_MAX, STRICT, RequestBody
 
-_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-Stop = Union[str, list[str], None]
+StopText = Annotated[str, Field(min_length=1)]
+Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     include_usage: bool = False
 
 
-class _Sampling(BaseModel):
+class _Sampling(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
-
-    model_config = _STRICT
 
     model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
     max_tokens: int | None = Field(None, ge=1, description="Default: ServeConfig.default_max_tokens, capped by "
                                                            "what fits in the context.")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1, le=128, description="Choices; at most ServeConfig.max_n.")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Stop = Field(None, description="Up to 4 strings; the text ends before the first one found.")
+    stop: Stop = Field(None, description="Up to 4 non-empty strings; the text ends before the first one found.")
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -55,27 +59,43 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: Union[str, list[str]] = Field(description="A string, or a list holding one string.")
+    prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)]] = Field(
+        description="A string, or a list holding one string.")
     logprobs: int | None = Field(None, ge=0, le=5, description="Logprobs of the chosen and the top-k tokens.")
 
 
 class TextPart(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
+_ECHOED = "Accepted as null only: a field of OpenAI's answer message that this server never produces."
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)  # clients echo back fields like "refusal"
+    """One message. The template sees `role` and `content`; `name` and `tool_call_id` are accepted and unused."""
+
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_call_id: str | None = None
+    # what `client.chat.completions.create(...).choices[0].message.model_dump()` adds to an answer
+    refusal: None = Field(None, description=_ECHOED)
+    annotations: None = Field(None, description=_ECHOED)
+    audio: None = Field(None, description=_ECHOED)
+    function_call: None = Field(None, description=_ECHOED)
+    tool_calls: None = Field(None, description=_ECHOED)
 
 
 class ChatCompletionRequest(_Sampling):
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions. `max_tokens` and `max_completion_tokens` exclude each other."""
+
+    model_config = ConfigDict(json_schema_extra={"not": {"required": ["max_tokens", "max_completion_tokens"]}})
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (newer name).")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (the newer name); "
+                                                                      "give one of the two, not both.")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Needs logprobs: true.")

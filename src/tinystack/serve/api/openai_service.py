@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal
 
 from tinystack.serve.api.context import RequestContext
-from tinystack.serve.engine.adapter import TokenEvent
 from tinystack.serve.api.errors import ApiError
+from tinystack.serve.api.requests import Prepared
+from tinystack.serve.engine.adapter import TokenEvent
 from tinystack.serve.engine.execution import Fallback, run
 from tinystack.serve.engine.generation import Delta
-from tinystack.serve.api.requests import Prepared
-from tinystack.serve.state import ServerState
 from tinystack.serve.engine.tracking import RequestTracker, timing_body
+from tinystack.serve.state import ServerState
 
 Kind = Literal["text", "chat"]
 
@@ -115,7 +115,7 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode("utf-8")
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
 def _final_timing(state: ServerState, ctx: RequestContext, tracker: RequestTracker) -> dict[str, Any]:
@@ -180,7 +180,7 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
     except ApiError as e:
         if not sent_any:
             raise
-        ctx.failure = {504: "timeout", 429: "overloaded"}.get(e.status, "engine_error")
+        ctx.failure = e.failure or {504: "timeout", 429: "overloaded"}.get(e.status, "engine_error")
         ctx.fields["error_code"] = e.code
         yield sse(e.body())
     finally:

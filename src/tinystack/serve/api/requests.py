@@ -3,8 +3,11 @@
 Checks, in order (each an ApiError with the numbers in the message):
 
     prompt longer than max_prompt_chars characters           -> 413 (before tokenizing)
-    n > max_n; more than 4 stop strings                      -> 400
+    n > max_n                                                -> 400
     max_tokens > max_tokens_limit                            -> 400
+    the engine's prompt rules (infer.LLMEngine.encode_prompt) -> 400 with its message; a prompt
+                                                                that fills the context is
+                                                                "context_length_exceeded"
     prompt tokens + max_tokens > max_seq_len                 -> 400 "prompt is P tokens and max_tokens
                                                                 is M: P + M exceeds the context of C
                                                                 tokens (at most C - M prompt tokens)"
@@ -20,12 +23,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from tinystack.infer.sampler import SamplingParams
 from tinystack.infer.chat import ChatTemplateError, message_text
+from tinystack.infer.llm_engine import PromptError, PromptTooLongError
+from tinystack.infer.sampler import SamplingParams
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.state import ServerState
-
 
 GREEDY_BELOW = 1e-5
 MIN_TOP_P = 1e-6
@@ -56,17 +59,16 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
                      "prompt_too_many_chars")
     if n > cfg.max_n:
         raise _param("n", f"n must be at most {cfg.max_n}, got {n}")
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if len(stops) > 4 or any(not s for s in stops):
-        raise _param("stop", f"stop must be up to 4 non-empty strings, got {len(stops)}")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())  # up to 4 non-empty: the schema's rule
     if max_tokens is not None and max_tokens > cfg.max_tokens_limit:
         raise _param("max_tokens", f"max_tokens must be at most {cfg.max_tokens_limit}, got {max_tokens}")
-    ids = adapter.encode(prompt)
+    try:
+        ids = adapter.encode(prompt)
+    except PromptError as e:
+        raise _param("prompt", str(e), code="context_length_exceeded" if isinstance(e, PromptTooLongError)
+                     else "invalid_value") from None
     ctx = adapter.max_seq_len
     if max_tokens is None:
-        if len(ids) >= ctx:
-            raise _param("prompt", f"prompt is {len(ids)} tokens; the model's context is {ctx} tokens, so a prompt "
-                                   f"may be at most {ctx - 1} tokens", code="context_length_exceeded")
         max_tokens = min(cfg.default_max_tokens, cfg.max_tokens_limit, ctx - len(ids))
     elif len(ids) + max_tokens > ctx:
         raise _param("max_tokens", f"prompt is {len(ids)} tokens and max_tokens is {max_tokens}: "
@@ -103,11 +105,7 @@ def _streaming(prep: Prepared, body: CompletionRequest | ChatCompletionRequest) 
 
 
 def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
-    prompt = body.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise _param("prompt", f"prompt must be a string or a list of one string, got a list of {len(prompt)}")
-        prompt = prompt[0]
+    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]  # a list of one: the schema's rule
     prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **_common(body))
     return _streaming(prep, body)
 

@@ -19,18 +19,29 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tinystack.observe.metrics import CONTENT_TYPE
 from tinystack.serve.api import openai_service, service
 from tinystack.serve.api.deps import Caller, Context, State, Validated, open_or_caller
-from tinystack.serve.engine.disconnect import ClientDisconnected, unless_disconnected
 from tinystack.serve.api.errors import ApiError
-from tinystack.serve.engine.execution import check_rate
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.api.requests import Prepared, prepare_chat, prepare_completion, prepare_off_loop
 from tinystack.serve.api.schemas import ErrorResponse, GenerateResponse, HealthResponse
+from tinystack.serve.engine.disconnect import ClientDisconnected, unless_disconnected
+from tinystack.serve.engine.execution import check_rate
 
 router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
                                             for code in (400, 401, 413, 422, 429, 500, 503, 504)}
 _OPEN = [Depends(open_or_caller)]
+_SSE_EVENT = {"type": "object", "description": "One server-sent event (the schema of each event, not of the "
+                                              "whole body).", "required": ["data"],
+              "properties": {"data": {"type": "string", "description": "A chunk as JSON (a completion or "
+                                                                       "chat.completion.chunk object, or "
+                                                                       "{\"error\": ...}), or [DONE]."}}}
+# A completion answers JSON, or with `stream: true` server-sent events: say both in /openapi.json
+_STREAMED = {**_ERRORS, 200: {"description": "The whole answer (JSON), or with `stream: true` server-sent events: "
+                                             "`data: {chunk}` lines, then `data: [DONE]`; an error after the "
+                                             "first chunk is a `data: {\"error\": ...}` event before [DONE].",
+                              "content": {"application/json": {"schema": {"type": "object"}},
+                                          "text/event-stream": {"schema": _SSE_EVENT}}}}
 
 
 def _closed_response(status: int = 499) -> JSONResponse:
@@ -84,8 +95,9 @@ async def _openai(request: Request, state: State, ctx: Context, who: str, kind: 
                 yield chunk
             complete = True
         finally:  # also on client disconnect (Starlette cancels us): aborts the sequences
-            if not complete:
+            if not complete:  # cut short: the client went away (errors are sent as events, then [DONE])
                 ctx.failure = ctx.failure or "aborted"
+                state.count("aborted")
             await events.aclose()
 
     return StreamingResponse(body(), media_type="text/event-stream",
@@ -93,7 +105,7 @@ async def _openai(request: Request, state: State, ctx: Context, who: str, kind: 
                                       "x-time-to-first-token": f"{ttft:.6f}"})
 
 
-@router.post("/v1/completions", responses=_ERRORS)
+@router.post("/v1/completions", responses=_STREAMED)
 async def completions(request: Request, body: CompletionRequest, state: State, ctx: Context, who: Caller) -> Any:
     """OpenAI completions; `stream: true` answers with server-sent events ending in `data: [DONE]`."""
     chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
@@ -101,7 +113,7 @@ async def completions(request: Request, body: CompletionRequest, state: State, c
     return await _openai(request, state, ctx, who, "text", prep)
 
 
-@router.post("/v1/chat/completions", responses=_ERRORS)
+@router.post("/v1/chat/completions", responses=_STREAMED)
 async def chat_completions(request: Request, body: ChatCompletionRequest, state: State, ctx: Context,
                            who: Caller) -> Any:
     """OpenAI chat completions (the model's chat template, or a plain `role: content` format)."""
@@ -139,8 +151,9 @@ async def metrics(request: Request, state: State) -> Response:
 
 @router.get("/metrics.json", dependencies=_OPEN)
 async def metrics_json(state: State) -> dict[str, Any]:
-    """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts) and the settings."""
+    """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts), the engine's
+    sequences ended by finish reason, and the settings."""
     s = state.adapter.stats()
     return {"counters": dict(state.counters), "breaker": state.breaker.state, "in_flight": state.gate.in_flight,
             "running": s.running, "waiting": s.waiting, "kv_bytes_in_use": s.kv_bytes_in_use,
-            "settings": state.settings()}
+            "sequences_ended": s.ended, "settings": state.settings()}

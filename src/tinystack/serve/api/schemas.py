@@ -4,21 +4,84 @@ Static limits live on the fields; limits that depend on the server's `ServeConfi
 (`max_tokens <= max_tokens_limit`, prompt length in characters and tokens) are
 checked by the `validated_request` dependency (deps.py), before the request waits
 for a concurrency slot. Fields are strict: `"5"` is not an integer and `1.5` is not
-one either; unknown fields are rejected, so a typo never silently falls back to a default.
+one either, but `5.0` is (JSON Schema's "integer", which /openapi.json states, is any number
+with no fraction, and OpenAI accepts it); unknown fields are rejected, so a typo never
+silently falls back to a default.
+
+Every request body is a `RequestBody`: before any field is looked at, the whole raw body
+(values and keys, at any depth) is searched for an unpaired UTF-16 surrogate (JSON allows
+`"\\ud800"`, but it is no Unicode text: the tokenizer, the log and the JSON answer cannot
+encode it). One is refused as an `unpaired_surrogate` error naming its place, which
+errors.py answers with 400 `invalid_unicode` on every route.
 """
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed range we accept
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+UNPAIRED_SURROGATE = "unpaired_surrogate"
+# json.loads joins a valid pair into one code point, so any surrogate left in a str is unpaired
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class GenerateRequest(BaseModel):
+def printable(text: str) -> str:
+    """`text` with its surrogates as \\udXXX escapes (safe to put in a message, a log or a JSON answer)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def surrogate_path(value: Any) -> tuple[str, ...] | None:
+    """Where an unpaired surrogate is in a parsed JSON value (a key or a string), or None.
+    Iterative: a body nested as deep as the JSON parser allows must not overflow the stack here."""
+    todo: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    while todo:
+        item, path = todo.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return (*path, key)
+                todo.append((child, (*path, str(key))))
+        elif isinstance(item, list):
+            todo.extend((child, (*path, str(i))) for i, child in enumerate(item))
+    return None
+
+
+class RequestBody(BaseModel):
+    """Base of every request body: strict fields, no unknown ones, text that is valid Unicode."""
+
+    model_config = STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        path = surrogate_path(data)
+        if path is not None:
+            where = printable(".".join(path)) or "request body"
+            raise PydanticCustomError(UNPAIRED_SURROGATE, "{param}: text holds an unpaired UTF-16 surrogate "
+                                                          "(escaped as \\ud800-\\udfff); send valid Unicode",
+                                      {"param": where})
+        return data
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral(cls, value: Any, info: ValidationInfo) -> Any:
+        """5.0 -> 5 for an integer field (a float with no fraction is the integer the schema promises)."""
+        if type(value) is float and value.is_integer() and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if annotation is int or int in get_args(annotation):
+                return int(value)
+        return value
+
+
+class GenerateRequest(RequestBody):
     """POST /generate body. temperature 0 = greedy; top_k 0 and top_p 1 = off."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     prompt: str = Field(description="Text to continue; at most ServeConfig.max_prompt_chars characters.")
     max_tokens: int = Field(64, ge=1, description="New tokens to generate; at most ServeConfig.max_tokens_limit.")

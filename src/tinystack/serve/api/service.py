@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from tinystack.serve.api.context import RequestContext
-from tinystack.serve.engine.execution import Fallback, run
 from tinystack.serve.api.requests import Prepared
 from tinystack.serve.api.schemas import GenerateResponse, HealthResponse, Timing
-from tinystack.serve.state import ServerState
+from tinystack.serve.engine.execution import Fallback, run
 from tinystack.serve.engine.tracking import RequestTracker, timing_body
+from tinystack.serve.state import ServerState
 
 
 async def generate(state: ServerState, prep: Prepared, ctx: RequestContext) -> GenerateResponse:
@@ -65,4 +65,5 @@ def ready(state: ServerState) -> tuple[dict[str, Any], int]:
 
 def models(state: ServerState) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                        "owned_by": "tinystack", "max_model_len": state.adapter.max_seq_len}]}
+                                        "owned_by": "tinystack", "max_model_len": state.adapter.max_seq_len,
+                                        "lineage": state.lineage}]}

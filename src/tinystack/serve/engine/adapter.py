@@ -7,23 +7,26 @@
                                                  engine reports what it did and cost (finished,
                                                  aborted: shortly after the abort, or failed)
     adapter.abort(request_id)                 -> the sequence stops, its KV memory is freed at once
-    adapter.stats()                           -> running / waiting / KV in use
+    adapter.stats()                           -> running / waiting / KV in use, and how many
+                                                 sequences the engine ended, by its finish reason
     adapter.is_alive(), restart(), last_step_age_s()   -> /health and the watchdog
-    adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer
+    adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer; encode applies
+                                                 the engine's prompt rules (PromptError)
 
-Two implementations, chosen by `make_adapter` from the engine's type:
+The implementation, built by `make_adapter`:
 
     tinystack.infer.AsyncEngine  -> AsyncEngineAdapter (async_adapter.py): continuous batching
-                                    (or the dynamic batcher) over a paged KV cache, one engine thread
-    tinystack.infer.Engine       -> ThreadedEngineAdapter (threaded_adapter.py): the batch-1 engine,
-                                    one worker thread per running sequence
+                                    (or the dynamic batcher; max_num_seqs=1 is unbatched) over the
+                                    engine's KV cache, one engine thread
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, Protocol
 
+from tinystack.config import InferConfig
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
 
@@ -59,6 +62,9 @@ class EngineStats:
     preemptions: int = 0  # totals since the engine started (paged cache only)
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    # sequences the engine ended since the server started, by the engine's finish reason
+    # ("stop" | "length" | "abort"): what really happened there, whatever the client was told
+    ended: dict[str, int] = field(default_factory=dict)
 
 
 class EngineAdapter(Protocol):
@@ -83,36 +89,20 @@ class EngineAdapter(Protocol):
     def close(self) -> None: ...
 
 
-BATCHING = ("continuous", "dynamic", "none", "threads")
-
-
-def load_engine(model_dir: str | Path, batching: str = "continuous", max_num_seqs: int = 8,
-                device: str = "cpu") -> Any:
-    """The engine for a model directory:
-
-        continuous  AsyncEngine, continuous batching of up to max_num_seqs sequences, paged KV cache
-        dynamic     AsyncEngine, the dynamic batcher (batches of up to max_num_seqs, collected briefly)
-        none        AsyncEngine, one sequence at a time (no batching)
-        threads     the batch-1 Engine, max_num_seqs sequences on worker threads
-    """
-    if batching not in BATCHING:
-        raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
-    from tinystack.infer import AsyncEngine, Engine
-
-    if batching == "threads":
-        return Engine.from_dir(model_dir, device=device)
-    if batching == "dynamic":
-        return AsyncEngine.from_dir(model_dir, device=device, scheduler="dynamic", max_batch=max_num_seqs)
-    return AsyncEngine.from_dir(model_dir, device=device, scheduler="continuous",
-                                max_num_seqs=1 if batching == "none" else max_num_seqs)
-
-
-def make_adapter(engine: Any, max_num_seqs: int) -> EngineAdapter:
-    """The adapter for `engine`: an AsyncEngine keeps its own max_num_seqs; an Engine gets `max_num_seqs` threads."""
+def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") -> Any:
+    """The AsyncEngine for a model directory, built from the [infer] section: dtype, quantize, kv_cache,
+    block_size, memory budget, and the scheduler (continuous batching of up to max_num_seqs sequences,
+    or the dynamic batcher's batches of max_num_seqs; max_num_seqs=1 is no batching)."""
     from tinystack.infer import AsyncEngine
 
-    if isinstance(engine, AsyncEngine):
-        from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
-        return AsyncEngineAdapter(engine)
-    from tinystack.serve.threaded_adapter import ThreadedEngineAdapter
-    return ThreadedEngineAdapter(engine, max_num_seqs)
+    return AsyncEngine.from_dir(model_dir, device=device, **cfg.load_kwargs(), **cfg.engine_kwargs())
+
+
+def make_adapter(engine: Any) -> EngineAdapter:
+    """The adapter for `engine`, a tinystack.infer.AsyncEngine (it keeps its own max_num_seqs)."""
+    from tinystack.infer import AsyncEngine
+    from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
+
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError(f"serve needs a tinystack.infer.AsyncEngine, got {type(engine).__name__}")
+    return AsyncEngineAdapter(engine)

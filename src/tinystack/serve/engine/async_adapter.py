@@ -4,7 +4,8 @@
                                       -> one TokenEvent per new token id
     abort(id)                      -> AsyncEngine.abort (its blocks are freed on the engine thread)
     stats()                        -> num_running / num_waiting / num_used_blocks x bytes per block,
-                                      KV usage, preemptions, prefix-cache hits and queries
+                                      KV usage, preemptions, prefix-cache hits and queries, and
+                                      the sequences ended by finish reason (from their final outputs)
     on_usage(SequenceUsage)        <- the final output's RequestMetrics (stamps, cpu_s, device_s):
                                       from the finished delta, or, when the caller left early,
                                       from the abort's output, read by a small drain task
@@ -17,11 +18,12 @@ starts a fresh AsyncEngine over the same LLMEngine (weights and KV storage are k
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any, AsyncIterator, Callable
 
 from tinystack.infer import AsyncEngine
+from tinystack.infer.llm_engine import PromptError
 from tinystack.infer.memory import AdmissionError
-from tinystack.infer.llm_engine import PromptTooLongError
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
 from tinystack.serve.engine.adapter import EngineDead, EngineStats, RequestRejected, TokenEvent, UsageCallback
@@ -33,9 +35,7 @@ def _usage(request_id: str, prompt_len: int, output: Any) -> SequenceUsage:
     """A sequence's usage from the engine's RequestOutput (None: it never reached the engine, or failed)."""
     if output is None:
         return SequenceUsage(request_id, prompt_len, 0, None)
-    m = output.metrics
-    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, m.first_scheduled,
-                         m.first_token, m.last_token, m.cpu_s, m.device_s)
+    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, output.metrics)
 
 
 class AsyncEngineAdapter:
@@ -44,18 +44,18 @@ class AsyncEngineAdapter:
         self.llm = engine.engine
         self.tokenizer = self.llm.tokenizer
         self.max_seq_len: int = int(self.llm.max_seq_len)
-        self.max_num_seqs: int = int(getattr(self.llm.scheduler, "max_num_seqs", 0) or
-                                     getattr(self.llm.scheduler, "max_batch", 0) or 1)
+        self.max_num_seqs: int = self.llm.scheduler.max_num_seqs
         self.eos_token_id: int | None = getattr(self.tokenizer, "eos_token_id", None)
         self.restarts = 0
         self._block_bytes = self.llm.storage.nbytes // max(1, self.llm.block_manager.num_blocks)
         self._live: dict[str, Any] = {}  # request id -> RequestStream
         self._drains: set[asyncio.Task] = set()  # cost reports of aborted sequences, awaited
+        self._ended: Counter[str] = Counter()  # final outputs seen, by the engine's finish reason
 
     # ---------------------------------------------------------------- text
     def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode_ordinary(text)
-        return ids or ([self.eos_token_id] if self.eos_token_id is not None else [0])
+        """The ids the engine will run (its prompt rules: empty -> EOS; PromptError when it can never run)."""
+        return self.llm.encode_prompt(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
@@ -99,7 +99,7 @@ class AsyncEngineAdapter:
                            self.max_num_seqs, kv_blocks_used=used, kv_blocks_free=free,
                            kv_usage=used / max(1, used + free), preemptions=llm.num_preemptions,
                            prefix_cache_hits=llm.prefix_cache_hit_tokens,
-                           prefix_cache_queries=llm.prefix_cache_query_tokens)
+                           prefix_cache_queries=llm.prefix_cache_query_tokens, ended=dict(self._ended))
 
     def add_step_listener(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Call `listener(StepRecord)` on the engine thread after every step; returns its remover."""
@@ -112,14 +112,19 @@ class AsyncEngineAdapter:
 
     async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]:
-        report: UsageCallback = on_usage or (lambda usage: None)
+        def report(usage: SequenceUsage) -> None:
+            if usage.finish_reason is not None:  # the engine's final output: the sequence ended there
+                self._ended[usage.finish_reason] += 1
+            if on_usage is not None:
+                on_usage(usage)
+
         n = len(prompt_ids)
         if not self.is_alive():
             report(_usage(request_id, n, None))
             raise EngineDead("engine loop is not running")
         try:
             stream = self.engine.add_request(request_id, list(prompt_ids), params)
-        except (PromptTooLongError, AdmissionError) as e:
+        except (PromptError, AdmissionError) as e:
             report(_usage(request_id, n, None))
             raise RequestRejected(str(e)) from None
         self._live[request_id] = stream

@@ -2,7 +2,8 @@
 
     admit(state, key, prep)           rate limit (429 + Retry-After) -> circuit breaker
                                       (open: fallback / 503) -> admission gate (429 + Retry-After)
-    run(state, prep, usage)           async iterator of Delta (generation.py), or a single
+    run(state, prep, usage)           server shutting down: ApiError 503 server_shutting_down;
+                                      else an async iterator of Delta (generation.py), or a single
                                       `Fallback` when the engine failed and a fallback is set;
                                       `usage` (observe.RequestUsage) gets every choice's engine
                                       stamps and cost, aborted ones included
@@ -11,6 +12,7 @@
     engine raised/stalled -> every choice aborted, breaker.record_failure(),
                              Fallback(text) if cfg.fallback_text else ApiError 503
     client went away      -> the caller cancels the task: every choice aborted
+    shutdown grace over   -> every choice aborted, ApiError 503 server_shutting_down (state.cut)
     success               -> breaker.record_success()
 
 The gate's places are given back when the iterator closes, whatever happened.
@@ -24,8 +26,15 @@ from typing import AsyncIterator
 
 from tinystack.observe.usage import RequestUsage
 from tinystack.serve.api.errors import SERVER_ERROR, TIMEOUT, ApiError
-from tinystack.serve.engine.generation import DeadlineExceeded, Delta, EngineFailed, EngineStalled, generate
 from tinystack.serve.api.requests import Prepared
+from tinystack.serve.engine.generation import (
+    DeadlineExceeded,
+    Delta,
+    EngineFailed,
+    EngineStalled,
+    ServerStopping,
+    generate,
+)
 from tinystack.serve.state import ServerState
 
 logger = logging.getLogger("tinystack.serve")
@@ -42,6 +51,12 @@ def _unavailable(state: ServerState, why: str) -> ApiError:
     retry = max(1, round(state.breaker.retry_after_s())) if state.breaker.state != "closed" else 1
     return ApiError(503, f"the model is unavailable: {why}; retry later", "engine_unavailable", SERVER_ERROR,
                     headers={"Retry-After": str(retry)})
+
+
+def shutting_down(why: str, failure: str) -> ApiError:
+    """503 for a request the stopping server will not (or no longer) serve; the client retries elsewhere."""
+    return ApiError(503, f"the server is shutting down: {why}; retry on another instance", "server_shutting_down",
+                    SERVER_ERROR, headers={"Retry-After": "1", "Connection": "close"}, failure=failure)
 
 
 def check_rate(state: ServerState, key: str, prep: Prepared) -> None:
@@ -63,6 +78,9 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
               ) -> AsyncIterator[Delta | Fallback]:
     """Deltas of the request's choices (see the module docstring). Raises ApiError."""
     cfg = state.cfg
+    if state.refusing:  # not a lack of capacity we could wait out here: another instance must take it
+        state.count("rejected_shutdown")
+        raise shutting_down("it takes no new requests", "overloaded")
     if not state.breaker.allow():
         if cfg.fallback_text:
             state.count("degraded")
@@ -80,7 +98,8 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
     settled = False
     try:
         deltas = generate(state.adapter, prep.prompt_ids, prep.params, n=prep.n, stops=prep.stops,
-                          deadline=loop.time() + prep.timeout_s, stall_timeout_s=cfg.stall_timeout_s, usage=usage)
+                          deadline=loop.time() + prep.timeout_s, stall_timeout_s=cfg.stall_timeout_s, usage=usage,
+                          stop=state.cut_signal())
         try:
             async for delta in deltas:
                 yield delta
@@ -92,6 +111,10 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
         state.count("timeouts")
         raise ApiError(504, f"request timed out after {prep.timeout_s:g} s; it was cancelled", "timeout",
                        TIMEOUT) from None
+    except ServerStopping:
+        state.count("cut_at_shutdown")
+        raise shutting_down(f"its grace period of {cfg.shutdown_grace_s:g} s ran out before this request finished",
+                            "aborted") from None
     except (EngineFailed, EngineStalled) as e:
         settled = True
         state.breaker.record_failure()

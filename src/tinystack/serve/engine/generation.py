@@ -11,9 +11,14 @@ the engine frees their KV memory at once) before they propagate:
     DeadlineExceeded   the request's deadline passed                           -> 504
     EngineStalled      no token from the engine for `stall_timeout_s`          -> degraded / 503
     EngineFailed       the engine raised (or died) while running a choice      -> degraded / 503
+    ServerStopping     `stop` was set: the server's shutdown grace ran out     -> 503
     CancelledError     the client went away (the caller cancels the task)      -> nothing to answer
 
 Choice i uses seed + i, so n > 1 with a seed gives n different but reproducible answers.
+
+The merged queue is read with `_get_within`, not `asyncio.wait_for`: on Python < 3.12,
+wait_for returns the item (and drops the cancellation) when the task is cancelled in the
+moment the item arrives, so a client that went away kept its sequences generating to the end.
 """
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ from typing import AsyncIterator, Sequence
 
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import RequestUsage, SequenceUsage
-from tinystack.serve.engine.detok import IncrementalText
 from tinystack.serve.engine.adapter import EngineAdapter, TokenEvent
+from tinystack.serve.engine.detok import IncrementalText
 
 
 class DeadlineExceeded(Exception):
@@ -39,6 +44,10 @@ class EngineStalled(Exception):
 
 class EngineFailed(Exception):
     """The engine raised while generating; the original exception is the __cause__."""
+
+
+class ServerStopping(Exception):
+    """The server is shutting down and its grace period for running requests is over."""
 
 
 @dataclass
@@ -74,11 +83,37 @@ async def _run_choice(adapter: EngineAdapter, request_id: str, index: int, promp
         out.put_nowait(e)
 
 
+_TIMED_OUT = object()
+
+
+async def _get_within(queue: asyncio.Queue, timeout: float, stop: asyncio.Future | None) -> object:
+    """The next item, or _TIMED_OUT after `timeout` seconds; raises ServerStopping once `stop` is done.
+    A cancellation always propagates (asyncio.wait never swallows one), and an item is never lost:
+    a getter cancelled after the item was put leaves it in the queue."""
+    if stop is not None and stop.done():
+        raise ServerStopping()
+    if not queue.empty():
+        return queue.get_nowait()
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        await asyncio.wait({getter} if stop is None else {getter, stop}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not getter.done():
+            getter.cancel()
+    if getter.done() and not getter.cancelled():
+        return getter.result()
+    if stop is not None and stop.done():
+        raise ServerStopping()
+    return _TIMED_OUT
+
+
 async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
                    stops: Sequence[str] = (), deadline: float, stall_timeout_s: float,
-                   usage: RequestUsage | None = None) -> AsyncIterator[Delta]:
+                   usage: RequestUsage | None = None, stop: asyncio.Future | None = None) -> AsyncIterator[Delta]:
     """Deltas of all n choices (see the module docstring). `deadline` is on the loop's clock.
-    `usage` expects n sequence reports; each choice's adapter stream delivers one."""
+    `usage` expects n sequence reports; each choice's adapter stream delivers one. `stop` done:
+    ServerStopping."""
     loop = asyncio.get_running_loop()
     base = uuid.uuid4().hex
     ids = [f"{base}-{i}" for i in range(n)]
@@ -97,14 +132,15 @@ async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: Sampli
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DeadlineExceeded()
-            try:
-                item = await asyncio.wait_for(queue.get(), min(remaining, stall_timeout_s))
-            except asyncio.TimeoutError:
-                if deadline - loop.time() <= 0:
-                    raise DeadlineExceeded() from None
+            item = await _get_within(queue, min(remaining, stall_timeout_s), stop)
+            if item is _TIMED_OUT:
+                # the loop's timers may fire a hair early: a wait bounded by the deadline that ran
+                # out is the deadline, even if loop.time() is not quite past it yet
+                if remaining <= stall_timeout_s or deadline - loop.time() <= 0:
+                    raise DeadlineExceeded()
                 if adapter.stats().waiting > 0 and adapter.last_step_age_s() < stall_timeout_s:
                     continue  # our choice is queued behind others that are progressing: not a stall
-                raise EngineStalled() from None
+                raise EngineStalled()
             if isinstance(item, Exception):
                 raise EngineFailed(str(item)) from item
             if item.finish_reason is not None:

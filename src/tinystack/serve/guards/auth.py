@@ -5,7 +5,8 @@ Keys come from (both may be used):
     TINYSTACK_API_KEYS): plain keys, comma-separated; hashed when read;
   - `ServeConfig.api_key_file`: one lowercase hex SHA-256 of a key per line
     (`# comments` and blank lines ignored), so the file never holds a usable secret.
-    `hash_key("my key")` / `tinystack serve --hash-key` prints a line for it.
+    `hash_key("my key")`, or `tinystack hash-key < key.txt >> keys.txt` (the key on stdin or at a
+    hidden prompt, never on the command line), gives the line for a key.
 
 With no keys configured, authentication is off. The presented key is hashed and
 compared with every stored hash using `hmac.compare_digest` (no early exit), so the

@@ -1,0 +1,144 @@
+"""User errors through the real command line (a subprocess, as a user runs it): one line on stderr, exit status 2,
+no traceback; and `tinystack hash-key`, which reads the key from stdin or a hidden prompt, never from argv."""
+import hashlib
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinystack.tokenizer import CharTokenizer
+from tinystack.tokenizer.shards import write_token_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinystack", *args], check=False, cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and proc.stderr.rstrip("\n").endswith(errors[0]), proc.stderr[-3000:]
+    for text in expected:
+        assert text in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def token_dir(tmp_path_factory) -> Path:
+    """A char tokenizer and train/val token files (14 characters + 2 specials: ids 0-15)."""
+    d = tmp_path_factory.mktemp("tok")
+    tok = CharTokenizer.train(["abcdefghijklmn"])
+    tok.save(d)
+    data = np.tile(np.arange(16, dtype=np.uint16), 250)
+    for split in ("train", "val"):
+        write_token_file(data, tok, d / f"{split}.bin", n_bytes=len(data), docs=1, source="test")
+    return d
+
+
+TINY_TRAIN = ["--n-layer", "1", "--n-head", "1", "--n-embd", "16", "--block-size", "8", "--batch-size", "4",
+              "--eval-interval", "100", "--eval-iters", "1", "--no-plot"]
+
+
+def test_a_diverging_run_stops_with_one_line_naming_the_step(token_dir, tmp_path):
+    proc = _run("train", "--tokens", str(token_dir), "--out", str(tmp_path / "m"), *TINY_TRAIN, "--max-iters", "50",
+                "--learning-rate", "1e30", "--min-lr", "1e29", "--grad-clip", "1e30")
+    assert_one_line_error(proc, "error: loss became", "at step", "train.learning_rate")
+    assert not (tmp_path / "m" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("args", [["generate", "--model", "m", "--prompt", "x"], ["serve", "--model", "m"],
+                                  ["train", "--tokens", "t", "--out", "o"], ["run", "--no-serve"]])
+def test_a_device_that_is_not_there_is_one_line(args):
+    """cuda:99 exists nowhere (with or without CUDA); the check runs before any file is read."""
+    assert_one_line_error(_run(*args, "--device", "cuda:99"), "run.device='cuda:99'")
+
+
+def test_cuda_on_a_machine_without_it_is_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: covered by the cuda:99 test")
+    assert_one_line_error(_run("generate", "--model", "m", "--prompt", "x", "--device", "cuda"),
+                          "CUDA is not available")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["generate", "--model", "m", "--prompt", "x", "--kv-cache", "pagd"],
+     "--kv-cache: infer.kv_cache: expected one of 'paged', 'contiguous', got 'pagd'"),
+    (["serve", "--model", "m", "--set", "infer.scheduler=eager"],
+     "infer.scheduler: expected one of 'continuous', 'dynamic', got 'eager'"),
+    (["bench", "serve", "--model", "m", "--quantize", "int4"], "infer.quantize: expected one of '', 'int8'"),
+    (["train", "--tokens", "t", "--out", "o", "--dtype", "float8"], "train.dtype: expected one of 'float32'"),
+    (["data", "split", "-i", "x", "--out", "o", "--split-by", "random"], "data.split_by: expected one of 'source'"),
+    (["bench", "kv", "--model", "m", "--set", "serve.port=http"], "serve.port: expected int"),
+    (["cost", "--log", "pyproject.toml", "--set", "nope.x=1"], "unknown section [nope]"),
+    (["hash-key", "--set", "tokenizer.kind=word"], "tokenizer.kind: expected one of 'bpe', 'char'"),
+    (["eval", "--model", "m", "--tokens", "t", "--set", "run.device=cuda:99"], "run.device='cuda:99'"),
+])
+def test_bad_values_are_one_line_naming_what_is_allowed(args, expected):
+    assert_one_line_error(_run(*args), expected)
+
+
+def test_hash_key_reads_keys_from_stdin_one_per_line():
+    proc = _run("hash-key", stdin="first-key\n  second-key \n\n")
+    assert proc.returncode == 0, proc.stderr
+    sha = [hashlib.sha256(k.encode()).hexdigest() for k in ("first-key", "second-key")]
+    assert proc.stdout.splitlines() == sha  # surrounding blanks dropped, as the server drops them
+    assert_one_line_error(_run("hash-key", stdin="\n"), "no API key given")
+
+
+def test_hash_key_refuses_a_key_on_the_command_line():
+    proc = _run("hash-key", "my-secret")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert hashlib.sha256(b"my-secret").hexdigest() not in proc.stderr
+
+
+def _read_until_exit(fd: int, prompt: bytes, answer: bytes, timeout_s: float = 60) -> bytes:
+    """Everything the child writes to its terminal; `answer` is typed once `prompt` has appeared."""
+    seen, deadline, typed = b"", time.monotonic() + timeout_s, False
+    while time.monotonic() < deadline:
+        if not select.select([fd], [], [], 0.5)[0]:
+            continue
+        try:
+            chunk = os.read(fd, 1024)
+        except OSError:  # EIO: the child exited and the terminal closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+        if not typed and prompt in seen:
+            os.write(fd, answer)
+            typed = True
+    return seen
+
+
+def test_hash_key_prompts_on_a_terminal_without_echoing_the_key():
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its stdin/stdout are the pseudo-terminal, as in an interactive shell
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "tinystack", "hash-key"])
+    try:
+        seen = _read_until_exit(fd, b"API key", b"typed-secret\n")
+    finally:
+        os.close(fd)
+        for _ in range(100):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:  # still running 10 s after the read ended: hung
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, seen
+    assert hashlib.sha256(b"typed-secret").hexdigest().encode() in seen, seen
+    assert b"typed-secret" not in seen  # the terminal never showed the key
