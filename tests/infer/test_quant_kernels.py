@@ -10,7 +10,7 @@ from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import (
     FORMATS,
     dequantize,
-    dequantize_torch,
+    dequantize_numpy,
     from_gguf,
     quantize,
     quantize_torch,
@@ -39,7 +39,7 @@ def test_block_layout_is_gguf_byte_for_byte(fmt):
     for ours in (quantize(w, fmt), quantize_torch(w, fmt)):  # the C++ packer (where built) and the torch one
         assert np.array_equal(to_gguf(ours).numpy(), want)
     back = from_gguf(torch.from_numpy(want.copy()), fmt, 96)  # loading GGUF data needs no re-quantising
-    for deq in (dequantize, dequantize_torch):
+    for deq in (dequantize, dequantize_numpy):
         assert np.array_equal(deq(back).numpy(), gguf.quants.dequantize(want, qtype))
 
 
@@ -50,7 +50,7 @@ def test_packers_agree_on_odd_shapes(fmt):
         a, b = quantize(w, fmt), quantize_torch(w, fmt)
         for x, y in ((a.qs, b.qs), (a.d, b.d), (a.m, b.m)):
             assert (x is None and y is None) or torch.equal(x, y)
-        assert torch.equal(dequantize(a), dequantize_torch(a)) and dequantize(a).shape == (n, k)
+        assert torch.equal(dequantize(a), dequantize_numpy(a)) and dequantize(a).shape == (n, k)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -186,7 +186,7 @@ def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch):
         w, x = weights(10, 70), torch.randn(2, 70)
         p = quantize(w, "q4_1")  # the torch packer: same bytes as the C++ one
         assert torch.equal(p.qs, quantize_torch(w, "q4_1").qs)
-        assert torch.allclose(kernels.matmul(x, p), x @ dequantize_torch(p).T, atol=1e-6)
+        assert torch.allclose(kernels.matmul(x, p), x @ dequantize_numpy(p).T, atol=1e-6)
     finally:
         kernels.extension.cache_clear()
         kernels.default_path.cache_clear()

@@ -2,7 +2,8 @@
 
     formats.py   quantize(W, fmt) -> Packed, dequantize, to_gguf / from_gguf   bf16 | q8_0 | q4_0 | q4_1
                  (GGUF's block layouts and llama.cpp's rounding, bit for bit)
-    pack.cpp     the packer and dequantiser in C++ (llama.cpp's rounding; formats.py's torch code is the twin)
+    pack.cpp     the packer and dequantiser in C++ (llama.cpp's rounding; fallbacks: formats.quantize_torch,
+                 model/gguf_dequant.py)
     kernels.cpp  y = x @ W^T for packed W: AVX-512 VNNI int8 dot products with activations quantised
                  per block of 32 (bf16: fp32 FMAs), plain C++ twins, 2 threads over output rows
     kernels.py   builds the extension at first use; picks avx512 | cpp | torch (TINYSTACK_QUANT_KERNEL)

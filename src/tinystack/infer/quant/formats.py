@@ -27,6 +27,7 @@ BLOCK = 32
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_1")
 BLOCK_FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # the kernel's format codes
 GGUF_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+GGML_TYPES = {"q8_0": 8, "q4_0": 2, "q4_1": 3}  # ggml's type ids
 
 
 @dataclass
@@ -72,10 +73,6 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """q uint8 [..., 32] in 0..15 -> [..., 16]: element i low nibble, element i + 16 high nibble."""
     return q[..., :16] | (q[..., 16:] << 4)
-
-
-def _unpack_nibbles(qs: torch.Tensor) -> torch.Tensor:
-    return torch.cat([qs & 15, qs >> 4], dim=-1)
 
 
 def _extension():
@@ -127,21 +124,17 @@ def dequantize(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     ext = _extension() if p.fmt in BLOCK_FORMATS and p.qs.device.type == "cpu" else None
     if ext is not None:
         return ext.block_dequantize(BLOCK_FORMATS[p.fmt], p.qs, p.d, p.m, p.in_features).to(dtype)
-    return dequantize_torch(p, dtype)
+    return dequantize_numpy(p, dtype)
 
 
-def dequantize_torch(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """dequantize() in torch operations (block formats)."""
-    d = p.d.to(torch.float32)[..., None]
-    if p.fmt == "q8_0":
-        w = p.qs.view(torch.int8).to(torch.float32) * d
-    elif p.fmt == "q4_0":
-        w = (_unpack_nibbles(p.qs).to(torch.float32) - 8) * d
-    elif p.fmt == "q4_1":
-        w = _unpack_nibbles(p.qs).to(torch.float32) * d + p.m.to(torch.float32)[..., None]
-    else:
-        raise ValueError(f"unknown weight format {p.fmt!r}")
-    return w.reshape(p.out_features, -1)[:, :p.in_features].to(dtype)
+def dequantize_numpy(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """dequantize() without the extension: the GGUF blocks through the model importer's NumPy dequantiser
+    (tinystack.model.gguf_dequant, bit-identical to ggml's)."""
+    from tinystack.model.gguf_dequant import dequantize as gguf_dequantize
+
+    blocks = to_gguf(p).cpu().numpy()
+    w = gguf_dequantize(blocks, GGML_TYPES[p.fmt], (p.out_features, blocks.shape[1] // GGUF_BLOCK_BYTES[p.fmt] * BLOCK))
+    return torch.from_numpy(w[:, :p.in_features]).to(device=p.qs.device, dtype=dtype)
 
 
 def to_gguf(p: Packed) -> torch.Tensor:

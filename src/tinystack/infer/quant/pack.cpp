@@ -1,5 +1,6 @@
 // Packing float weights into GGUF's Q8_0 / Q4_0 / Q4_1 blocks and back, in C++: one pass over the
-// weights on all threads (formats.py holds the same algorithm in torch operations, as fallback and reference).
+// weights on all threads. Fallbacks and references: formats.quantize_torch (the same packing in torch
+// operations) and model/gguf_dequant.py (the importer's NumPy dequantiser).
 #include "kernels.h"
 
 #include <algorithm>
@@ -14,7 +15,7 @@ static inline int round_half_away(float v) {
   return t + (frac >= 0.5f) - (frac <= -0.5f);
 }
 
-// ---- packing: llama.cpp's quantize_row_*_ref, bit for bit (formats.py holds the torch twin)
+// ---- packing: llama.cpp's quantize_row_*_ref, bit for bit
 // w [N, K] float32 -> qs [N, nb, 32 | 16] uint8, d [N, nb] fp16, m [N, nb] fp16 (Q4_1 only).
 std::vector<at::Tensor> block_quantize(at::Tensor w, int64_t fmt) {
   TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous(),
