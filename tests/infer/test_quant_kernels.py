@@ -190,3 +190,37 @@ def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch):
     finally:
         kernels.extension.cache_clear()
         kernels.default_path.cache_clear()
+
+
+def test_concurrent_callers_and_many_small_tasks_give_exact_results():
+    """The row pool (pool.h): helpers join or miss tasks at random moments, several Python threads call at
+    once (the GIL is released inside); every result must equal the single-threaded one, bit for bit."""
+    import threading
+
+    if "avx512" not in PATHS and "cpp" not in PATHS:
+        pytest.skip("no C++ extension on this machine: the pool is part of it")
+    path = PATHS[0]
+    p = quantize(weights(1000, 96), "q4_0")  # ~15 chunks of 64 rows: the pool splits it
+    xs = [torch.randn(1 + i % 3, 96, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    threads_before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = [kernels.matmul(x, p, path=path) for x in xs]  # no helpers: one thread does every chunk
+        torch.set_num_threads(max(2, threads_before))
+        errors = []
+
+        def hammer(seed: int) -> None:
+            for i in range(150):
+                j = (seed + i) % len(xs)
+                if not torch.equal(kernels.matmul(xs[j], p, path=path), want[j]):
+                    errors.append((seed, i))
+
+        workers = [threading.Thread(target=hammer, args=(s,)) for s in range(3)]
+        for w in workers:
+            w.start()
+        hammer(99)
+        for w in workers:
+            w.join()
+        assert errors == []
+    finally:
+        torch.set_num_threads(threads_before)

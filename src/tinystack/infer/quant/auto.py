@@ -11,8 +11,8 @@ For each candidate the model is copied and quantised (linear.quantize_model), th
 The fastest candidate whose perplexity is within PPL_BOUNDS of float32's wins (float32 itself
 always qualifies). No format is preferred by a rule: the choice follows from the measurements,
 so a machine with other caches, bandwidth or instructions may choose differently. Timings taken while
-other programs load the machine are noisy (the kernels run on 2 threads and wait for the slower
-one); delete the cache file, or name `dtype`/`quantize` explicitly, to override a decision.
+other programs load the machine are noisy; delete the cache file, or name `dtype`/`quantize`
+explicitly, to override a decision.
 The decision is cached in ~/.cache/tinystack/weight_formats.json (the directory is `CACHE_DIR`),
 keyed by the model's fingerprint, the CPU (model name, family/model/stepping, flags, core
 count) and the torch version, so later loads on the same machine reuse it and another machine

@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include "kernels.h"
+#include "pool.h"
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -233,8 +234,7 @@ AVX512 void bf16_range_avx512(const uint16_t* w, const float* x, int M, int Kp, 
   }
 }
 
-// Output rows per parallel task: at least ~64 KiB of weights, so a small matrix runs on one thread
-// instead of paying a fork/join (and, on a busy machine, waiting for a descheduled second thread).
+// Output rows per chunk (pool.h): ~64 KiB of weights, so a small matrix is one chunk and runs on the caller.
 int64_t grain_rows(int64_t row_bytes) { return std::max<int64_t>(16, (64 << 10) / std::max<int64_t>(1, row_bytes)); }
 
 void check_x(const torch::Tensor& x) {
@@ -275,7 +275,7 @@ torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch
   const uint8_t* qp = (const uint8_t*)qs.data_ptr();
   const uint16_t* dp = (const uint16_t*)d.data_ptr();
   const uint16_t* mp = fmt == Q4_1 ? (const uint16_t*)m->data_ptr() : nullptr;
-  at::parallel_for(0, N, grain_rows(nb * (bpb + 4)), [&](int64_t n0, int64_t n1) {
+  row_pool().run(N, grain_rows(nb * (bpb + 4)), [&](int64_t n0, int64_t n1) {
     if (path == 0) {
       for (int64_t n = n0; n < n1; ++n)
         block_rows_scalar(fmt, qp + (size_t)n * nb * bpb, dp + (size_t)n * nb, mp ? mp + (size_t)n * nb : nullptr,
@@ -304,7 +304,7 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   const float* xptr = xp.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const uint16_t* wp = (const uint16_t*)w.data_ptr();
-  at::parallel_for(0, N, grain_rows((int64_t)Kp * 2), [&](int64_t n0, int64_t n1) {
+  row_pool().run(N, grain_rows((int64_t)Kp * 2), [&](int64_t n0, int64_t n1) {
     if (path == 0) {
       for (int64_t n = n0; n < n1; ++n) bf16_row_scalar(wp + (size_t)n * Kp, xptr, M, Kp, yp + n, N);
     } else {
@@ -316,8 +316,11 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("avx512_available", &avx512_available, "AVX-512 F/BW/VL/DQ + VNNI on this CPU");
-  mod.def("block_matmul", &block_matmul, "x @ W^T for Q8_0 / Q4_0 / Q4_1 block weights");
-  mod.def("bf16_matmul", &bf16_matmul, "x @ W^T for bfloat16 weights, float32 activations");
+  // the GIL is released while a matmul runs: the server's event loop keeps going during a decode step
+  mod.def("block_matmul", &block_matmul, "x @ W^T for Q8_0 / Q4_0 / Q4_1 block weights",
+          py::call_guard<py::gil_scoped_release>());
+  mod.def("bf16_matmul", &bf16_matmul, "x @ W^T for bfloat16 weights, float32 activations",
+          py::call_guard<py::gil_scoped_release>());
   mod.def("block_quantize", &block_quantize, "float32 [N, K] -> (qs, d, m) in a block format, as llama.cpp");
   mod.def("block_dequantize", &block_dequantize, "(qs, d, m) -> float32 [N, K]");
 }

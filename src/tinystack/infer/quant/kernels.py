@@ -35,7 +35,7 @@ from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
 PATHS = ("avx512", "cpp", "torch")
 GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
 _SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp")]
-_HEADER = Path(__file__).with_name("kernels.h")
+_HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "pool.h")]
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,7 +44,7 @@ def extension():
     from torch.utils import cpp_extension
 
     # the name carries a hash of the sources: two versions (say, two checkouts) never rebuild over each other
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES + [_HEADER])).hexdigest()[:10]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)).hexdigest()[:10]
     try:
         # -ffp-contract=off: no fused multiply-adds in the packer, whose rounding must match llama.cpp's
         return cpp_extension.load(name=f"tinystack_quant_kernels_{digest}", sources=[str(p) for p in _SOURCES],
