@@ -29,7 +29,7 @@ from tinystack.infer.sampler import SamplingParams
 class RequestStream:
     """The async iterator of one request's TokenDeltas; ends after the delta with a finish_reason."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, loop: asyncio.AbstractEventLoop):
+    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop):
         self.engine, self.request_id, self.loop = engine, request_id, loop
         self.queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
         self.finished = False
@@ -70,7 +70,7 @@ class AsyncEngine:
 
     @classmethod
     def from_dir(cls, model_dir, *, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
-                 quantize: str | None = None, **engine_kwargs) -> "AsyncEngine":
+                 quantize: str | None = None, **engine_kwargs) -> AsyncEngine:
         from tinystack.infer.llm import load_for_inference
 
         model, tok = load_for_inference(model_dir, backend, device, dtype, quantize)
