@@ -189,8 +189,10 @@ class InferConfig:
     `load_kwargs()` + `engine_kwargs()` are the LLM / AsyncEngine.from_dir kwargs."""
 
     backend: Literal["torch", "numpy"] = "torch"  # numpy: the NumPy GPT, reference only
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    quantize: Literal["", "int8"] = ""  # int8: weight-only INT8 linear layers
+    # auto (CPU): the fastest weight format within perplexity bounds, measured here and cached (infer/quant/auto.py)
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # linear weights kept quantised (infer/quant; beats auto): bf16, GGUF blocks q8_0 (= int8), q4_0, q4_1
+    quantize: Literal["", "bf16", "q8_0", "int8", "q4_0", "q4_1"] = ""
     kv_cache: Literal["paged", "contiguous"] = "paged"  # contiguous: one whole-context block per sequence
     scheduler: Literal["continuous", "dynamic"] = "continuous"  # dynamic: batches run to completion
     block_size: int = 16  # tokens per KV block (paged)

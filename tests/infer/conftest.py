@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from infer_helpers import ToyTokenizer, _hf_model
 
 
@@ -18,3 +17,13 @@ def family(request, tmp_path_factory):
 @pytest.fixture
 def toy_tokenizer() -> ToyTokenizer:
     return ToyTokenizer()
+
+
+@pytest.fixture(autouse=True)
+def weight_format_cache(tmp_path_factory, monkeypatch):
+    """dtype="auto" caches its decisions in a per-session directory, not the user's ~/.cache."""
+    from tinystack.infer.quant import auto
+
+    d = tmp_path_factory.getbasetemp() / "weight_format_cache"
+    monkeypatch.setattr(auto, "CACHE_DIR", d)
+    return d

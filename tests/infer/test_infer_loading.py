@@ -6,7 +6,7 @@ import torch
 from typer.testing import CliRunner
 
 from tinystack.infer import LLM, SamplingParams
-from tinystack.infer.quant import Int8Linear, quantize_int8
+from tinystack.infer.quant.linear import QuantLinear, quantize_model
 from tinystack.model import GPT, GPTConfig, save_model
 from tinystack.tokenizer import BPETokenizer, load_tokenizer
 
@@ -36,8 +36,8 @@ def test_llm_batch_equals_each_prompt_alone_from_a_model_directory(model_dir):
     """The batched engine and an unbatched one (max_num_seqs=1, one prompt at a time) give the same tokens."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = ["def generate(", "héllo", ""]
-    out = LLM(model_dir, memory_limit=2**30, max_num_seqs=4).generate(prompts, params)
-    single = LLM(model_dir, memory_limit=2**30, max_num_seqs=1)
+    out = LLM(model_dir, dtype="float32", memory_limit=2**30, max_num_seqs=4).generate(prompts, params)
+    single = LLM(model_dir, dtype="float32", memory_limit=2**30, max_num_seqs=1)
     for o, p in zip(out, prompts):
         alone = single.generate([p], params)[0]
         assert o.token_ids == alone.token_ids
@@ -61,18 +61,18 @@ def test_generate_cli_streams_the_continuation(model_dir):
     assert "finish_reason=length" in res.output
 
 
-def test_int8_weights_are_a_quarter_and_close(model_dir):
+def test_q8_0_weights_are_a_quarter_and_close(model_dir):
     from tinystack.model import load_model
 
     model = load_model(model_dir)
     q = load_model(model_dir)
-    report = quantize_int8(q)
-    assert report["layers"] == 2 * 4 and sum(isinstance(m, Int8Linear) for m in q.modules()) == 8  # lm_head is tied
-    assert report["bytes_after"] < 0.3 * report["bytes_before"]  # 1/4, plus one fp32 scale per row (n_embd 32)
+    report = quantize_model(q, "q8_0")
+    assert report["layers"] == 2 * 4 + 1 and sum(isinstance(m, QuantLinear) for m in q.modules()) == 9  # + the head
+    assert report["bytes_after"] < 0.27 * report["bytes_before"]  # 34 bytes per 32 weights instead of 128
     idx = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        a, b = model(idx)[0], q(idx)[0]  # the dequantising path
-        a1, b1 = model(idx[:1, :1])[0], q(idx[:1, :1])[0]  # the int8-kernel path (one row)
+        a, b = model(idx)[0], q(idx)[0]  # 40 prefill rows
+        a1, b1 = model(idx[:1, :1])[0], q(idx[:1, :1])[0]  # one decode row
     for x, y in ((a, b), (a1, b1)):
         assert (x - y).abs().max() < 0.05 * x.abs().max()
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

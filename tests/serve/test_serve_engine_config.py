@@ -1,5 +1,5 @@
-"""The served engine comes from [infer]: dtype, INT8, KV cache kind, scheduler and max_num_seqs reach the engine,
-and the server's admission gate follows the engine's max_num_seqs (it has no copy of its own)."""
+"""The served engine comes from [infer]: dtype, quantize (int8 = Q8_0), KV cache kind, scheduler and max_num_seqs
+reach the engine, and the server's admission gate follows the engine's max_num_seqs (it has no copy of its own)."""
 import json
 
 import httpx
@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tinystack.config import InferConfig, ServeConfig
 from tinystack.infer.batcher import DynamicBatcher
-from tinystack.infer.quant import Int8Linear
+from tinystack.infer.quant.linear import QuantLinear
 from tinystack.serve import create_app, run_in_background
 from tinystack.serve.commands import bench_serve
 from tinystack.serve.engine.adapter import load_engine
@@ -30,7 +30,8 @@ def test_load_engine_builds_what_the_infer_section_says_and_serves_it(model_dir,
         assert isinstance(llm.scheduler, DynamicBatcher) == (infer.scheduler == "dynamic")
         assert llm.budget.block_size == (llm.max_seq_len if infer.kv_cache == "contiguous" else infer.block_size)
         assert llm.budget.memory_limit == infer.memory_limit_mb * 2**20
-        assert any(isinstance(m, Int8Linear) for m in llm.model.modules()) == (infer.quantize == "int8")
+        q8 = any(isinstance(m, QuantLinear) and m.fmt == "q8_0" for m in llm.model.modules())
+        assert q8 == (infer.quantize == "int8")
         assert llm.dtype == (torch.bfloat16 if infer.dtype == "bfloat16" else torch.float32)
         app = create_app(engine, ServeConfig(max_queued_requests=1), model_dir=model_dir)
         with run_in_background(app) as url:

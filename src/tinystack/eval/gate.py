@@ -17,10 +17,11 @@ from tinystack.eval.regression import Case, build_cases, compare, compare_metric
 
 def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) of a model directory, loaded as inference loads them, so evaluation
-    tokenizes exactly as inference does."""
+    tokenizes exactly as inference does. In float32, not dtype="auto": the gate scores the trained weights
+    themselves, the same on every machine (auto's format is a per-machine speed choice)."""
     from tinystack.infer.llm import load_for_inference
 
-    return load_for_inference(model_dir, device=device)
+    return load_for_inference(model_dir, device=device, dtype="float32")
 
 
 def build_heldout_cases(model_dir: Path, data_dir: Path, n_cases: int) -> list[Case]:

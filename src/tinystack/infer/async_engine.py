@@ -29,7 +29,7 @@ from tinystack.infer.sampler import SamplingParams
 class RequestStream:
     """The async iterator of one request's TokenDeltas; ends after the delta with a finish_reason."""
 
-    def __init__(self, engine: "AsyncEngine", request_id: str, loop: asyncio.AbstractEventLoop):
+    def __init__(self, engine: AsyncEngine, request_id: str, loop: asyncio.AbstractEventLoop):
         self.engine, self.request_id, self.loop = engine, request_id, loop
         self.queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
         self.finished = False
@@ -69,8 +69,8 @@ class AsyncEngine:
         self._thread.start()
 
     @classmethod
-    def from_dir(cls, model_dir, *, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
-                 quantize: str | None = None, **engine_kwargs) -> "AsyncEngine":
+    def from_dir(cls, model_dir, *, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
+                 quantize: str | None = None, **engine_kwargs) -> AsyncEngine:
         from tinystack.infer.llm import load_for_inference
 
         model, tok = load_for_inference(model_dir, backend, device, dtype, quantize)

@@ -5,9 +5,10 @@
     outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].logprobs, outs[0].metrics
 
 It loads the model directory (model.io: ours, HF GPT-2, HF Llama family) and its
-tokenizer (tinystack.tokenizer.load_tokenizer, the package's one loader), optionally quantises the linear layers to INT8
-(infer.quant), builds an LLMEngine and drives it until every prompt is done. `params`
-may be one SamplingParams for all prompts or a list, one per prompt.
+tokenizer (tinystack.tokenizer.load_tokenizer), keeps the linear layers' weights in the format `dtype="auto"`
+measures fastest here, or the one `quantize` names (infer.quant), builds an LLMEngine and
+drives it until every prompt is done. `params` may be one SamplingParams for all prompts or a
+list, one per prompt.
 """
 from __future__ import annotations
 
@@ -21,40 +22,52 @@ from tinystack.infer.outputs import RequestOutput
 from tinystack.infer.sampler import SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZE = ("bf16", "q8_0", "q4_0", "q4_1")  # infer.quant.formats; "int8" names q8_0
 
 
-def load_for_inference(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
-                       quantize: str | None = None, tokenizer: bool = True) -> tuple[torch.nn.Module, object]:
-    """(model, tokenizer or None) for a model directory, ready for the engine."""
+def load_for_inference(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
+                       quantize: str | None = None, tokenizer: bool | object = True) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer or None) for a model directory, ready for the engine. `tokenizer`: True loads the
+    directory's, False loads none, a tokenizer object is used as given (also by dtype "auto" to score formats).
+
+    dtype "auto" (CPU, no `quantize`): the weight format measured fastest within the perplexity bounds on this
+    machine (infer.quant.auto, cached per model/CPU/torch); otherwise float32 activations with `quantize`'s
+    weights, or a plain `dtype` model."""
     from tinystack.model.io import load_model
     from tinystack.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(model_dir) if tokenizer else None
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    quantize = {"int8": "q8_0", "": None}.get(quantize, quantize)
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {QUANTIZE} (or 'int8'), got {quantize!r}")
+    tok = (load_tokenizer(model_dir) if tokenizer else None) if isinstance(tokenizer, bool) else tokenizer
     if backend == "numpy":
         from tinystack.infer.numpy_backend import load_numpy_model
 
         return load_numpy_model(model_dir), tok
     if backend != "torch":
         raise ValueError(f"backend must be 'torch' or 'numpy', got {backend!r}")
-    model = load_model(model_dir, device=device, dtype=_DTYPES[dtype])
-    if quantize == "int8":
-        from tinystack.infer.quant import quantize_int8
+    model = load_model(model_dir, device=device, dtype=_DTYPES.get(dtype, torch.float32))
+    if dtype == "auto" and quantize is None and torch.device(device).type == "cpu":
+        from tinystack.infer.quant.auto import choose_format
 
-        quantize_int8(model)
-    elif quantize is not None:
-        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+        quantize = choose_format(model, model_dir, tok or load_tokenizer(model_dir)).quantize
+    if quantize is not None:
+        from tinystack.infer.quant.linear import quantize_model
+
+        quantize_model(model, quantize)
     return model, tok
 
 
 class LLM:
     def __init__(self, model: str | Path | torch.nn.Module, tokenizer=None, *, backend: str = "torch",
-                 device: str = "cpu", dtype: str = "float32", quantize: str | None = None, **engine_kwargs):
+                 device: str = "cpu", dtype: str = "auto", quantize: str | None = None, **engine_kwargs):
         """`model` is a model directory (or an already built model, with `tokenizer`); engine_kwargs go to
         LLMEngine: kv_cache, scheduler, block_size, max_num_seqs, max_num_batched_tokens, memory_limit, ..."""
         if isinstance(model, (str, Path)):
-            model, tok = load_for_inference(model, backend, device, dtype, quantize, tokenizer=tokenizer is None)
+            model, tok = load_for_inference(model, backend, device, dtype, quantize,
+                                            tokenizer=True if tokenizer is None else tokenizer)
             tokenizer = tokenizer or tok
         if tokenizer is None:
             raise ValueError("pass a tokenizer with a model object")

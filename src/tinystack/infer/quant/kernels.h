@@ -1,0 +1,15 @@
+// Shared by the quantised-weight kernels (kernels.cpp) and the packer (pack.cpp); see formats.py for the formats.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <cstdint>
+#include <vector>
+
+enum Fmt { Q8_0 = 0, Q4_0 = 1, Q4_1 = 2 };
+
+inline float fp16_to_float(uint16_t h) { return at::Half(h, at::Half::from_bits()); }
+
+// w [N, K] float32 -> {qs [N, nb, 32 | 16] uint8, d [N, nb] fp16, m [N, nb] fp16 (Q4_1) or undefined}
+std::vector<at::Tensor> block_quantize(at::Tensor w, int64_t fmt);
+// the inverse: float32 [N, K]
+at::Tensor block_dequantize(int64_t fmt, at::Tensor qs, at::Tensor d, c10::optional<at::Tensor> m, int64_t K);

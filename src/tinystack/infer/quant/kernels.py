@@ -1,0 +1,91 @@
+"""The matmul y = x @ W^T (+ b) for a packed weight, on the fastest path this machine has.
+
+    matmul(x [M, K] float32, packed, bias=None, path=None) -> y [M, N] float32
+
+Paths, chosen once per process (or per call with `path`, which the tests use):
+    "avx512"  the C++ kernels' AVX-512 VNNI code (kernels.cpp), where the CPU has it
+    "cpp"     the same C++ extension's plain C++ loops (other CPUs)
+    "torch"   dequantise the weight and call F.linear: where the extension cannot be built
+              (no compiler), with a one-line warning
+The environment variable TINYSTACK_QUANT_KERNEL=avx512|cpp|torch forces one.
+
+The extension (kernels.cpp, pack.cpp) is compiled at first use with -O3 (the AVX-512 functions carry their own
+target attributes, so the library runs on any x86-64 and the path is chosen at run time by
+`__builtin_cpu_supports`), cached by torch under ~/.cache/torch_extensions (one build per version of
+the sources). The C++ paths quantise activations to int8 per block of 32 (as llama.cpp does), so they differ from the
+dequantised float product by that rounding; the torch path multiplies in float.
+From `GEMM_MIN_ROWS` rows on (long prefill chunks) every path dequantises the weight once and calls the
+float32 GEMM, which is compute-bound there; below it the kernels, reading each weight once for all rows,
+are faster.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
+
+PATHS = ("avx512", "cpp", "torch")
+GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
+_SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp")]
+_HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "pool.h")]
+
+
+@functools.lru_cache(maxsize=1)
+def extension():
+    """The compiled C++ module, or None (with one warning) where it cannot be built."""
+    from torch.utils import cpp_extension
+
+    # the name carries a hash of the sources: two versions (say, two checkouts) never rebuild over each other
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)).hexdigest()[:10]
+    try:
+        # -ffp-contract=off: no fused multiply-adds in the packer, whose rounding must match llama.cpp's
+        return cpp_extension.load(name=f"tinystack_quant_kernels_{digest}", sources=[str(p) for p in _SOURCES],
+                                  extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"])
+    except Exception as e:  # no compiler / ninja / headers: the float fallback still gives right answers
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        warnings.warn(f"tinystack: quantised-matmul kernels unavailable ({first[:160]}); using the slower torch path",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def default_path() -> str:
+    forced = os.environ.get("TINYSTACK_QUANT_KERNEL", "")
+    if forced:
+        if forced not in PATHS:
+            raise ValueError(f"TINYSTACK_QUANT_KERNEL must be one of {PATHS}, got {forced!r}")
+        return forced
+    ext = extension() if sys.platform.startswith("linux") or sys.platform == "darwin" else None
+    if ext is None:
+        return "torch"
+    return "avx512" if ext.avx512_available() else "cpp"
+
+
+def available_paths() -> list[str]:
+    """The paths that can run here (the tests cover each)."""
+    ext = extension()
+    return (["avx512"] if ext is not None and ext.avx512_available() else []) + (["cpp"] if ext else []) + ["torch"]
+
+
+def matmul(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
+    """x [M, K] float32 @ dequantize(p)^T (+ bias) -> [M, N] float32."""
+    path = path or default_path()
+    rows = x.shape[0]
+    if path == "torch" or rows >= GEMM_MIN_ROWS or x.device.type != "cpu":  # the C++ kernels are CPU code
+        return F.linear(x, dequantize(p, x.dtype), bias)
+    ext = extension()
+    if ext is None:
+        raise RuntimeError(f"the {path!r} kernel path needs the C++ extension, which could not be built")
+    code = 1 if path == "avx512" else 0
+    x = x.contiguous()
+    if p.fmt == "bf16":
+        return ext.bf16_matmul(x, p.qs, bias, code)
+    return ext.block_matmul(x, BLOCK_FORMATS[p.fmt], p.qs, p.d, p.m, bias, code)
