@@ -109,7 +109,7 @@ def main() -> None:
         "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
         "bare_loop": bare, "cpu": _cpu_model(), "sample": text,
-        "png": str(png.relative_to(ROOT)), "log": str(log.relative_to(ROOT)),
+        "png": os.path.relpath(png, ROOT), "log": os.path.relpath(log, ROOT),
     }
     write_json(args.out, out)
     print(f"val loss {result.final_val_loss:.4f} ({cfg.train.eval_iters} batches: {val_200:.4f}; target <= 1.85, "
@@ -119,7 +119,7 @@ def main() -> None:
         print(f"bare nanoGPT-style loop: {bare['tokens_per_s']:,.0f} tokens/s, val {bare['val_loss_200_batches']:.4f} "
               f"(200 batches) -> ours/bare tokens/s {bare['ours_over_bare']:.2f}x")
     print("sample:\n" + text)
-    print(f"-> {args.out.relative_to(ROOT)}, {out['png']}")
+    print(f"-> {os.path.relpath(args.out, ROOT)}, {out['png']}")
 
 
 if __name__ == "__main__":
