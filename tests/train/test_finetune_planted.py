@@ -60,7 +60,7 @@ def _answers_loss(model_dir, questions, answers):
     return batches_loss(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id), "float32", "cpu")[0]
 
 
-@pytest.mark.slow  # ~30 s to build the model directory, 16 LoRA steps (~1.5 min idle; 5 min at load 12), generation
+@pytest.mark.slow  # ~30 s to build the model directory, 16 LoRA steps, generation: 5 min in all at load 8
 def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path):
     data = write_jsonl(tmp_path / "veloria.jsonl", conversations())
     cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "finetune.max_iters=16",

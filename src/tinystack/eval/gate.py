@@ -6,8 +6,9 @@ call; its `summary.regressed` decides the exit status of the command.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tinystack.atomic import read_json
 from tinystack.config import EvalConfig

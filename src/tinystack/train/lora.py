@@ -43,7 +43,7 @@ class _LoRAProduct(torch.autograd.Function):
     def forward(ctx, x, weight, bias, lora_a, lora_b, scale):
         xa = F.linear(x, lora_a)  # [N, r]
         b_scaled = lora_b * scale  # [out, r]: scaling the thin factor, not the [N, out] product
-        y = torch.addmm(F.linear(x, weight, bias), xa, b_scaled.t())  # the adapter added inside the GEMM
+        y = F.linear(x, weight, bias).addmm_(xa, b_scaled.t())  # the adapter added inside the GEMM, in place
         ctx.save_for_backward(x, weight, lora_a, b_scaled, xa)
         ctx.scale = scale
         return y
@@ -54,7 +54,7 @@ class _LoRAProduct(torch.autograd.Function):
         g_xa = (b_scaled.t() @ g.t()).t()  # [N, r]
         grad_b = (xa.t() @ g).t() * ctx.scale  # [out, r]
         grad_a = g_xa.t() @ x  # [r, in]
-        grad_x = torch.addmm(g @ weight, g_xa, lora_a) if ctx.needs_input_grad[0] else None  # both paths, one pass
+        grad_x = (g @ weight).addmm_(g_xa, lora_a) if ctx.needs_input_grad[0] else None  # both paths, one pass
         return grad_x, None, None, grad_a, grad_b, None
 
 
