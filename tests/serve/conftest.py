@@ -6,7 +6,6 @@ server is real uvicorn on 127.0.0.1 (random port) started with run_in_background
 from __future__ import annotations
 
 import random
-import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -14,10 +13,11 @@ from typing import Callable, Iterator
 
 import pytest
 import torch
+from serve_helpers import FaultyModel, tiny_gpt  # noqa: E402  (shared with the test files)
 
 from tinystack.config import ServeConfig
 from tinystack.infer import AsyncEngine, LLMEngine
-from tinystack.model import GPT, GPTConfig
+from tinystack.model import GPT
 from tinystack.model.io import save_model
 from tinystack.observe import RequestLog, setup_request_log
 from tinystack.serve import create_app, run_in_background
@@ -32,11 +32,6 @@ def tokenizer() -> BPETokenizer:
     rng = random.Random(0)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + f" {i}." for i in range(400)]
     return BPETokenizer.train(texts, vocab_size=300)
-
-
-def tiny_gpt(tokenizer: BPETokenizer) -> GPT:
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32))
 
 
 @pytest.fixture
@@ -65,27 +60,6 @@ def engine(tokenizer: BPETokenizer) -> Iterator[AsyncEngine]:
     engine = unbatched(tiny_gpt(tokenizer), tokenizer)
     yield engine
     engine.shutdown()
-
-
-class FaultyModel(torch.nn.Module):
-    """Wraps a GPT: each forward pass (= one engine step) first sleeps `delay_s`, then raises
-    with probability `fail_rate` (seeded), or always while `failing` is set. Fault injection
-    at the engine's step level, under the real server."""
-
-    def __init__(self, inner: GPT, delay_s: float = 0.0, fail_rate: float = 0.0, seed: int = 0):
-        super().__init__()
-        self.inner, self.config = inner, inner.config
-        self.delay_s, self.fail_rate, self.failing = delay_s, fail_rate, False
-        self.rng = random.Random(seed)
-        self.steps = 0
-
-    def forward(self, *args, **kwargs):
-        self.steps += 1
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        if self.failing or (self.fail_rate and self.rng.random() < self.fail_rate):
-            raise RuntimeError("injected engine fault (secret internal detail)")
-        return self.inner(*args, **kwargs)
 
 
 @pytest.fixture(params=["unbatched", "continuous"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from conftest import FaultyModel, tiny_gpt
+from serve_helpers import FaultyModel, tiny_gpt
 from serve_helpers import PROMPT, wait_for
 
 from tinystack.config import ServeConfig
