@@ -77,7 +77,7 @@ def test_cuda_on_a_machine_without_it_is_one_line():
      "--kv-cache: infer.kv_cache: expected one of 'paged', 'contiguous', got 'pagd'"),
     (["serve", "--model", "m", "--set", "infer.scheduler=eager"],
      "infer.scheduler: expected one of 'continuous', 'dynamic', got 'eager'"),
-    (["bench", "serve", "--model", "m", "--quantize", "int4"], "infer.quantize: expected one of '', 'int8'"),
+    (["bench", "serve", "--model", "m", "--quantize", "int4"], "infer.quantize: expected one of '', 'bf16', 'q8_0', 'int8', 'q4_0', 'q4_1'"),
     (["train", "--tokens", "t", "--out", "o", "--dtype", "float8"], "train.dtype: expected one of 'float32'"),
     (["data", "split", "-i", "x", "--out", "o", "--split-by", "random"], "data.split_by: expected one of 'source'"),
     (["bench", "kv", "--model", "m", "--set", "serve.port=http"], "serve.port: expected int"),
