@@ -33,7 +33,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_infer_common import RESULTS, ROOT, finish, machine
-
 from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.train.finetune import build_model

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_common import machine  # noqa: E402
+
 RESULTS = ROOT / "benchmarks/results"
 NAME = "smollm2-135m-instruct"
 

@@ -87,9 +87,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from bench_common import machine
     from transformers import AutoModelForCausalLM
 
+    from bench_common import machine
     from tinystack.atomic import write_json
     from tinystack.model import load_model
     from tinystack.model.importer import import_model, resolve_source

@@ -3,8 +3,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from tinystack.data.filters.clean import normalize_text
 from tinystack.data.dedup.exact import ExactDedup, text_sha256
+from tinystack.data.filters.clean import normalize_text
 from tinystack.data.io.records import Record
 
 

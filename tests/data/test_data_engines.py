@@ -5,11 +5,11 @@ import json
 import random
 
 import pytest
-
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
+
 from tinystack.data.dedup import near_step as nd
-from tinystack.data.io.formats import FieldMap
 from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.io.formats import FieldMap
 from tinystack.data.io.records import Record
 from tinystack.data.tools import dedup_files
 

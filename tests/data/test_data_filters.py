@@ -1,15 +1,20 @@
 """Quality filters and the character n-gram language model."""
 from __future__ import annotations
 
-import itertools
 import random
 
 import numpy as np
 import pytest
 
-from tinystack.data.filters.quality import (CharsetFilter, QualityParams, RepetitionFilter, SymbolFilter,
-                                    WordCountFilter, words)
 from tinystack.data.filters.ngram_lm import CharNgramLM, PerplexityFilter
+from tinystack.data.filters.quality import (
+    CharsetFilter,
+    QualityParams,
+    RepetitionFilter,
+    SymbolFilter,
+    WordCountFilter,
+    words,
+)
 from tinystack.data.io.records import Record
 
 EN = ("The river carries sediment from the mountains to the sea, and over many years the delta grows. "

@@ -5,13 +5,13 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
+
 from tinystack.data.io.formats import FieldMap, read_csv, read_parquet, write_records
-from tinystack.data.pipeline import prepare
 from tinystack.data.io.readers import read_inputs
 from tinystack.data.io.records import Record
 from tinystack.data.io.rejects import Rejects
+from tinystack.data.pipeline import prepare
 
 
 def test_field_mapping_for_jsonl_csv_parquet(tmp_path):

@@ -5,11 +5,12 @@ import json
 import random
 
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
+
 from tinystack.data.dedup.index import NearDupIndex
 from tinystack.data.dedup.near_duplicates import NearDupParams
-from tinystack.data.pipeline import prepare
-from tinystack.data.io.records import Record
 from tinystack.data.dedup.shingles import exact_jaccard, shingle_set
+from tinystack.data.io.records import Record
+from tinystack.data.pipeline import prepare
 from tinystack.data.split.splitter import SPLITS, Splitter, StreamSplitter
 
 

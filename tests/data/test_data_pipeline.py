@@ -4,9 +4,9 @@ import hashlib
 import json
 
 import pytest
+from data_helpers import distinct_text, read_jsonl_dicts, write_lines
 
 import tinystack.data.pipeline as pipeline_mod
-from data_helpers import distinct_text, read_jsonl_dicts, write_lines
 from tinystack.data.io.manifest import split_files_hash, verify_data_dir
 from tinystack.data.pipeline import prepare
 from tinystack.data.split.splitter import SPLITS

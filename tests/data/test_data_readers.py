@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-
 from data_helpers import read_jsonl_dicts, write_lines
+
 from tinystack.data.io.readers import input_files, read_inputs, read_jsonl, read_text
 from tinystack.data.io.rejects import Rejects
 

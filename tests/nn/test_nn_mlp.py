@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinystack.nn import MLP, Adam, rel_error, numerical_grad
+from tinystack.nn import MLP, Adam, numerical_grad, rel_error
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])

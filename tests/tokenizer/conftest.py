@@ -5,10 +5,10 @@ sibling helper modules, so tests get everything through fixtures.
 """
 from __future__ import annotations
 
-
 import pytest
 
 from tinystack.tokenizer import BPETokenizer
+
 
 def _stdlib_english() -> str:
     """~330 kB of English prose built on this machine: the standard library's docstrings."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.filters.quality import QualityParams
 from tinystack.data.io.formats import FieldMap
-from tinystack.data.dedup.near_duplicates import NearDupParams
 
 
 def field_map(d: Any) -> FieldMap:

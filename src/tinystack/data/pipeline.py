@@ -33,23 +33,22 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from tinystack.atomic import write_json
-from tinystack.data.filters.clean import LengthFilter, Normalize
+from tinystack.atomic import file_sha256, write_json
 from tinystack.data.dedup.exact import ExactDedup
+from tinystack.data.dedup.near_duplicates import NearDupParams
+from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.filters.clean import LengthFilter, Normalize
 from tinystack.data.filters.quality import QualityParams
 from tinystack.data.io.formats import IDENTITY, FieldMap
-from tinystack.atomic import file_sha256
 from tinystack.data.io.manifest import FORMAT, MANIFEST, combine_hashes
-from tinystack.data.split.leakage import LeakageCheck
-from tinystack.data.dedup.near_step import NearDedup
-from tinystack.data.dedup.near_duplicates import NearDupParams
-from tinystack.progress import track
 from tinystack.data.io.readers import TextMode, input_files, read_inputs
 from tinystack.data.io.records import Record, write_jsonl
 from tinystack.data.io.rejects import Rejects
-from tinystack.data.split.splitter import SPLITS, StreamSplitter
 from tinystack.data.io.spool import Spool
+from tinystack.data.split.leakage import LeakageCheck
+from tinystack.data.split.splitter import SPLITS, StreamSplitter
 from tinystack.data.steps import StepStats
+from tinystack.progress import track
 
 
 def _read_step(stream: Iterable[Record], rejects: Rejects, stats: StepStats) -> Iterator[Record]:

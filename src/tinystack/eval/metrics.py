@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinystack.progress import progress_bar
 from tinystack.model.gpt import GPT
+from tinystack.progress import progress_bar
 
 
 def context_len(model: torch.nn.Module) -> int:

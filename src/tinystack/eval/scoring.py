@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from tinystack.eval.metrics import context_len
-from tinystack.progress import progress_bar
 from tinystack.model.gpt import GPT
+from tinystack.progress import progress_bar
 
 IGNORE = -100  # cross_entropy's ignore_index: padded target positions
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable, Iterator
 
-from tinystack.data.filters.clean import normalize_text
 from tinystack.data.dedup.shingles import canonical
+from tinystack.data.filters.clean import normalize_text
 from tinystack.data.io.records import Record
 from tinystack.data.steps import Step
 

@@ -32,8 +32,8 @@ import numpy as np
 
 from tinystack.data.dedup.lsh import MAX_BUCKET_PAIRS, band_keys
 from tinystack.data.dedup.minhash import MinHasher
-from tinystack.data.dedup.near_step import NearDedup
 from tinystack.data.dedup.near_duplicates import NearDupParams, estimate_pairs, verify_pairs
+from tinystack.data.dedup.near_step import NearDedup
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> Any:

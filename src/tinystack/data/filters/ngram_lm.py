@@ -83,7 +83,7 @@ class CharNgramLM:
         ctxs = {L: _ctx_keys(c, L, self.n) for L in range(2, self.n + 1)}
         return grams, ctxs
 
-    def fit(self, texts: Iterable[str]) -> "CharNgramLM":
+    def fit(self, texts: Iterable[str]) -> CharNgramLM:
         n = self.n
         g_parts: dict[int, list[np.ndarray]] = {L: [] for L in range(1, n + 1)}
         c_parts: dict[int, list[np.ndarray]] = {L: [] for L in range(2, n + 1)}

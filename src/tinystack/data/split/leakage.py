@@ -27,8 +27,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.dedup.index import NearDupIndex
+from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.io.records import Record
 from tinystack.data.steps import StepStats
 

@@ -34,9 +34,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from datetime import datetime
-from typing import Iterable
-
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from tinystack.data.io.records import Record, dumps, parse_timestamp
 from tinystack.data.io.rejects import Rejects
