@@ -112,7 +112,9 @@ def main() -> None:
             save_model(pert, out, eos_token_id=tok.eos_token_id)
             shutil.copy(model_dir / "tokenizer.json", out / "tokenizer.json")
             with torch_threads(cfg.eval.threads):
-                s, _, r = timed(lambda: run_regression(out, cases, model_dir, tolerance=cfg.eval.regression_tolerance))
+                # out=out binds this iteration's directory (timed calls the lambda at once; explicit all the same)
+                s, _, r = timed(lambda out=out: run_regression(out, cases, model_dir,
+                                                               tolerance=cfg.eval.regression_tolerance))
             sm = r["summary"]
             gate.append({"sigma": sigma, "mean_loss_delta": round(sm["mean_loss_delta"], 4), "worse": sm["worse"],
                          "regressed": sm["regressed"], "seconds": round(s, 2)})

@@ -56,7 +56,7 @@ def batch1(ours, hf, trials: int) -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     runs = {name: (lambda llm=llm: llm.generate([prompt], greedy)[0].token_ids) for name, llm in engines.items()}
     runs["transformers"] = lambda: hf_generate(hf, [prompt], 128)[0]
-    for name, llm in engines.items():  # warm-up
+    for llm in engines.values():  # warm-up
         llm.generate([prompt[:16]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     hf_generate(hf, [prompt[:16]], 4)
     times: dict[str, list[float]] = {k: [] for k in runs}

@@ -52,8 +52,9 @@ def main() -> None:
     rows = []
     for L in lengths:
         prompt = random_prompt(L, seed=L)
-        _, t_cache, out = timed(lambda: llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW,
-                                                                          ignore_eos=True))[0].token_ids)
+        # prompt=prompt binds this iteration's prompt (timed calls the lambda at once; explicit all the same)
+        _, t_cache, out = timed(lambda prompt=prompt: llm.generate(
+            [prompt], SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True))[0].token_ids)
         steps = sorted({round(i * (NEW - 1) / (args.samples - 1)) for i in range(args.samples)})
         times = []
         for i in steps:

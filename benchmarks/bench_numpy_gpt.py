@@ -56,7 +56,7 @@ def main() -> None:
     load = os.getloadavg()
     runs: dict[str, list[float]] = {"numpy": [], "torch": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(2):
+        for _rep in range(2):
             for name, fn in (("numpy", train_numpy), ("torch", train)):
                 log = Path(tmp) / f"{name}.jsonl"
                 _, result = fn(gcfg, train_ids, None, cfg.train, log_path=log, progress=False)

@@ -9,12 +9,12 @@ from typing import Any
 
 def write_lines(path: Path, lines: list[str | bytes]) -> Path:
     """Write raw lines (str as UTF-8, bytes verbatim) joined by \\n."""
-    path.write_bytes(b"\n".join(l if isinstance(l, bytes) else l.encode("utf-8") for l in lines) + b"\n")
+    path.write_bytes(b"\n".join(line if isinstance(line, bytes) else line.encode("utf-8") for line in lines) + b"\n")
     return path
 
 
 def read_jsonl_dicts(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 _VOCAB = ("river stone cloud market garden window signal paper engine forest harbor lantern "

@@ -68,7 +68,7 @@ def test_walker_on_fake_stdlib(tmp_path):
     _fake_stdlib(root)
     out = tmp_path / "c.jsonl"
     stats = build_corpus(out, root=root)
-    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
     got = [(r["source"], r["label"], r["id"], r["text"]) for r in rows]
     assert got == [
         ("pkg", "module", "pkg:<module>", "Package doc."),

@@ -37,7 +37,7 @@ def _craft(tmp_path):
     lines += bad
     exp["read_rejects"] += len(bad)
     lines.append("")
-    exp["nonblank"] = sum(1 for l in lines if l.strip())
+    exp["nonblank"] = sum(1 for line in lines if line.strip())
     jsonl = write_lines(tmp_path / "in.jsonl", lines)
 
     folder = tmp_path / "txt"
@@ -124,7 +124,7 @@ def test_crash_while_writing_splits_leaves_no_manifest(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError):
         verify_data_dir(out)
     assert (out / "train.jsonl").read_bytes() != old_train  # new train written; val kept whole:
-    assert all(json.loads(l) for l in (out / "val.jsonl").read_text().splitlines())
+    assert all(json.loads(line) for line in (out / "val.jsonl").read_text().splitlines())
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 

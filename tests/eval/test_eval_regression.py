@@ -1,6 +1,7 @@
 """The regression gate: passes on the same model, fails on a model made worse on purpose; case semantics."""
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -95,10 +96,11 @@ def test_case_kinds(toy_model_dir):
     assert not strict["passed"]
 
 
-@pytest.mark.parametrize("bad", [dict(expect="nope"), dict(expect="max_loss"), dict(expect="regex", target="(")])
-def test_invalid_cases_are_rejected(bad):
+@pytest.mark.parametrize("bad, error", [(dict(expect="nope"), ValueError), (dict(expect="max_loss"), ValueError),
+                                        (dict(expect="regex", target="("), re.error)])  # re.compile's own error
+def test_invalid_cases_are_rejected(bad, error):
     kw = {"id": "x", "prompt": "p", "expect": "contains", "target": "t", **bad}
-    with pytest.raises(Exception):
+    with pytest.raises(error):
         Case(**kw)
 
 

@@ -149,14 +149,14 @@ class RepetitionFilter(Step):
                                 top_ngram={str(n): v for n, v in self.top_ngram.items()})
 
     def process(self, record: Record) -> Record | str:
-        lines = [l for l in record.text.split("\n") if l.strip()]
+        lines = [line for line in record.text.split("\n") if line.strip()]
         if len(lines) > 1:
             seen: set[str] = set()
             dup, dup_chars = 0, 0
-            for l in lines:
-                if l in seen:
-                    dup, dup_chars = dup + 1, dup_chars + len(l)
-                seen.add(l)
+            for line in lines:
+                if line in seen:
+                    dup, dup_chars = dup + 1, dup_chars + len(line)
+                seen.add(line)
             if dup / len(lines) > self.max_dup_lines:
                 return "dup_line_fraction"
             if dup_chars / sum(map(len, lines)) > self.max_dup_chars:

@@ -81,7 +81,7 @@ def read_csv(path: str | Path, rejects: Rejects, *, fields: FieldMap = IDENTITY)
     csv.field_size_limit(sys.maxsize)  # a document is one (possibly huge) cell
     with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t" if path.suffix == ".tsv" else ",")
-        reader.fieldnames  # reads the header now, so line_num points past it
+        _header = reader.fieldnames  # the property reads the header row now, so line_num points past it
         start = reader.line_num + 1
         for row in reader:
             line, start = start, reader.line_num + 1
