@@ -83,7 +83,8 @@ def main() -> None:
     if b1:
         roofline["batch1_step_s"] = b1
         roofline["fraction_of_bandwidth_limit"] = roofline["bound_step_s"] / b1
-        print(f"read bandwidth {bw / 1e9:.1f} GB/s (4 KiB pages: {bw_4k / 1e9:.1f}); weights {weight_bytes / 1e6:.0f} MB -> bound "
+        print(f"read bandwidth {bw / 1e9:.1f} GB/s (4 KiB pages: {bw_4k / 1e9:.1f}); "
+              f"weights {weight_bytes / 1e6:.0f} MB -> bound "
               f"{roofline['bound_step_s'] * 1e3:.1f} ms/token; batch-1 decode {b1 * 1e3:.1f} ms/token = "
               f"{roofline['fraction_of_bandwidth_limit']:.0%} of the bandwidth limit")
     res = finish({"model": "GPT-2-124M shape, random weights, float32", "prompt_tokens": PROMPT, "new_tokens": args.new,

@@ -207,8 +207,9 @@ def main() -> None:
     res["lora_speedup_wall"] = lora["median_tokens_per_wall_s"] / full["median_tokens_per_wall_s"]
     res["lora_optimizer_memory_fraction"] = lora["optimizer_state_bytes"] / full["optimizer_state_bytes"]
     res["target_met"] = res["lora_speedup_cpu"] >= 1.5 and res["lora_optimizer_memory_fraction"] <= 0.10
-    print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s (CPU time; wall {res['lora_speedup_wall']:.2f}x),"
-          f" {100 * res['lora_optimizer_memory_fraction']:.2f}% of the optimizer memory", flush=True)
+    print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s "
+          f"(CPU time; wall {res['lora_speedup_wall']:.2f}x), "
+          f"{100 * res['lora_optimizer_memory_fraction']:.2f}% of the optimizer memory", flush=True)
     write_json(args.out, finish(res))
     print(f"wrote {args.out}")
     if args.curves_steps > 0:

@@ -52,7 +52,8 @@ def batch1(ours, hf, trials: int) -> dict:
     prompt = random_prompt(128, seed=1)
     plain = copy.deepcopy(ours)  # before the engine moves `ours` into its arena
     kw = dict(kv_cache="contiguous", max_num_seqs=1, max_num_batched_tokens=128)
-    engines = {"ours": LLM(ours, IdTokenizer(), **kw), "ours_4k_pages": LLM(plain, IdTokenizer(), hugepages=False, **kw)}
+    engines = {"ours": LLM(ours, IdTokenizer(), **kw),
+               "ours_4k_pages": LLM(plain, IdTokenizer(), hugepages=False, **kw)}
     greedy = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
     runs = {name: (lambda llm=llm: llm.generate([prompt], greedy)[0].token_ids) for name, llm in engines.items()}
     runs["transformers"] = lambda: hf_generate(hf, [prompt], 128)[0]
@@ -156,7 +157,8 @@ def main() -> None:
     if not args.skip_workload:
         res["workload"] = w = workload(ours, hf, args.requests, args.min_len, args.max_len,
                                        skip_hf=args.skip_transformers)
-        vs_hf = f"{w['continuous_vs_transformers']:.2f}x transformers padded-16, " if "continuous_vs_transformers" in w else ""
+        vs_hf = (f"{w['continuous_vs_transformers']:.2f}x transformers padded-16, "
+                 if "continuous_vs_transformers" in w else "")
         print(f"workload of {args.requests}: continuous {w['ours_continuous']['tokens_per_s']:.1f} tok/s = "
               f"{vs_hf}{w['continuous_vs_dynamic']:.2f}x our dynamic batcher")
     write_json(args.out, finish(res))

@@ -67,10 +67,11 @@ def main() -> None:
         rows.append({"prompt_tokens": L, "cache_s": t_cache, "recompute_s_estimated": t_recompute,
                      "recompute_step_s": dict(zip(steps, times)), "speedup": t_recompute / t_cache,
                      "cache_tokens_per_s": NEW / t_cache, "recompute_tokens_per_s": NEW / t_recompute})
-        print(f"prompt {L:5d}: cache {t_cache:7.2f} s, recompute ~{t_recompute:8.1f} s -> {t_recompute / t_cache:6.1f}x",
-              flush=True)
+        print(f"prompt {L:5d}: cache {t_cache:7.2f} s, recompute ~{t_recompute:8.1f} s "
+              f"-> {t_recompute / t_cache:6.1f}x", flush=True)
+    speedup_at_1024 = next((r["speedup"] for r in rows if r["prompt_tokens"] == 1024), None)
     res = finish({"model": "GPT-2-124M shape, random weights, float32", "new_tokens": NEW, "machine": machine(),
-                  "rows": rows, "speedup_at_1024": next((r["speedup"] for r in rows if r["prompt_tokens"] == 1024), None)})
+                  "rows": rows, "speedup_at_1024": speedup_at_1024})
     write_json(args.out, res)
     plot(rows, args.out.with_suffix(".png"))
     print(f"wrote {args.out}")

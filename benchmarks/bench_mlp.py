@@ -91,7 +91,8 @@ def main() -> None:
     np_s, torch_s = min(np_times), min(torch_times)
     out = {
         "data": data, "mlp": f"784-{args.hidden}-10 relu", "batch": args.batch, "threads": args.threads,
-        "numpy_epoch_s": round(np_s, 3), "torch_epoch_s": round(torch_s, 3), "numpy_over_torch": round(np_s / torch_s, 2),
+        "numpy_epoch_s": round(np_s, 3), "torch_epoch_s": round(torch_s, 3),
+        "numpy_over_torch": round(np_s / torch_s, 2),
         "target_numpy_epoch_s": 5.0, "met": np_s <= 5.0, "numpy_epoch_all_s": [round(t, 3) for t in np_times],
         "torch_epoch_all_s": [round(t, 3) for t in torch_times], "mnist_test_accuracy": mnist_acc,
         "digits": {"mlp": "64-128-10 relu", "epochs": 30, "test_accuracy": round(digits_acc, 4),

@@ -130,7 +130,8 @@ def main() -> None:
                      index_bytes=r["signatures"] * 128 * 4, load_avg_1m=round(os.getloadavg()[0], 2))
             print(f"{n:>7,} docs ({r['input_bytes'] / 1e6:.0f} MB): {r['docs_per_s']:,.0f} docs/s "
                   f"({r['docs_per_cpu_s']:,.0f} per CPU-second), "
-                  f"peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB, signature index {r['index_bytes'] / 2**20:.0f} MiB, "
+                  f"peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB, "
+                  f"signature index {r['index_bytes'] / 2**20:.0f} MiB, "
                   f"dedup rate {r['dedup_rate']:.2%}, {r['clusters']:,} clusters, leakage {r['leakage']}, "
                   f"load {r['load_avg_1m']}")
             if args.baseline_src:

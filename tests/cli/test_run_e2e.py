@@ -92,7 +92,8 @@ def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
     lineage = json.loads((tmp_path / "model" / "tinystack.json").read_text())
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert lineage["data_manifest_hash"] == manifest["hash"]
-    assert lineage["tokenizer_hash"] == json.loads((workdir / "stages.json").read_text())["tokenizer"]["info"]["fingerprint"]
+    stages = json.loads((workdir / "stages.json").read_text())
+    assert lineage["tokenizer_hash"] == stages["tokenizer"]["info"]["fingerprint"]
 
     proc = _run("generate", "--model", str(workdir / "model"), "--prompt", "Return the", "--temperature", "0",
                 "--max-tokens", "5")

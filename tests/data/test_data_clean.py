@@ -18,7 +18,8 @@ def test_normalize_rules():
     assert normalize_text("one\n\ntwo") == "one\n\ntwo"  # a single blank line survives
 
 
-ALPHABET = ["a", "b", " ", "\t", "\n", "\r", "\r\n", "e\u0301", "\u0301", "\u00e9", "\u212b", "\u2000", "\u3000", "\x0c", "日", " \n"]
+ALPHABET = ["a", "b", " ", "\t", "\n", "\r", "\r\n", "e\u0301", "\u0301", "\u00e9", "\u212b", "\u2000", "\u3000",
+            "\x0c", "日", " \n"]
 
 
 def test_normalize_idempotent_and_nfc_fuzz():

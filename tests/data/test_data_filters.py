@@ -19,7 +19,8 @@ from tinystack.data.io.records import Record
 
 EN = ("The river carries sediment from the mountains to the sea, and over many years the delta grows. "
       "Farmers value the rich soil, while engineers worry about floods during the spring melt.")
-ZH = "机器学习是人工智能的一个分支，它使计算机能够在没有明确编程的情况下从数据中学习。研究人员不断改进算法，以提高模型的准确性和效率。"
+ZH = ("机器学习是人工智能的一个分支，它使计算机能够在没有明确编程的情况下从数据中学习。"
+      "研究人员不断改进算法，以提高模型的准确性和效率。")
 
 
 def run(step, texts):

@@ -16,7 +16,8 @@ from tinystack.data.pipeline import prepare
 
 def test_field_mapping_for_jsonl_csv_parquet(tmp_path):
     fm = FieldMap(text="content", source="url", id="doc_id")
-    j = write_lines(tmp_path / "a.jsonl", [json.dumps({"content": "hello from jsonl", "url": "u1", "doc_id": 7, "x": 1})])
+    j = write_lines(tmp_path / "a.jsonl",
+                    [json.dumps({"content": "hello from jsonl", "url": "u1", "doc_id": 7, "x": 1})])
     c = tmp_path / "b.csv"
     c.write_text('content,url,doc_id\n"multi\nline csv text",u2,k9\nbare row,,\n', encoding="utf-8")
     p = tmp_path / "c.parquet"

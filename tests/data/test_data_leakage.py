@@ -51,7 +51,8 @@ def test_leakage_is_removed_from_val_and_test_when_dedup_is_off(tmp_path):
     assert leak["dropped_total"] == m["leakage"] > 0  # the planted mirrors that landed in val/test
     assert leak["extra"]["leaked"]["val"] + leak["extra"]["leaked"]["test"] == m["leakage"]
     sources = {k: {r["source"] for r in v} for k, v in split_rows.items()}
-    assert not (sources["train"] & sources["val"] or sources["train"] & sources["test"] or sources["val"] & sources["test"])
+    assert not (sources["train"] & sources["val"] or sources["train"] & sources["test"]
+                or sources["val"] & sources["test"])
     # without the check the same run leaks: the test above is not vacuous
     m2 = prepare([path], tmp_path / "leaky", near_dedup=None, leakage=None, val_fraction=0.2, test_fraction=0.2)
     assert _cross_split_pairs(tmp_path / "leaky")[1] > 0 and m2["leakage"] == 0

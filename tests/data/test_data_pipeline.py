@@ -75,7 +75,8 @@ def test_prepare_end_to_end(tmp_path):
         src_sets[k] = {r["source"] for r in rows}
         assert len(src_sets[k]) == m["splits"][k]["sources"]
     assert sum(m["splits"][k]["records"] for k in SPLITS) == steps["exact_dedup"]["kept"] == m["records_out"]
-    assert not (src_sets["train"] & src_sets["val"] or src_sets["train"] & src_sets["test"] or src_sets["val"] & src_sets["test"])
+    assert not (src_sets["train"] & src_sets["val"] or src_sets["train"] & src_sets["test"]
+                or src_sets["val"] & src_sets["test"])
 
     rejected = read_jsonl_dicts(out / "rejected.jsonl")
     assert len(rejected) == exp["read_rejects"] and m["rejects"]["file"] == "rejected.jsonl"
@@ -83,7 +84,8 @@ def test_prepare_end_to_end(tmp_path):
     assert m["hash"] == split_files_hash(out)
     assert verify_data_dir(out)["hash"] == m["hash"]
     files = [tmp_path / "in.jsonl", tmp_path / "txt" / "essay.txt"]
-    assert [(i["path"], i["sha256"]) for i in m["inputs"]] == [(str(f), hashlib.sha256(f.read_bytes()).hexdigest()) for f in files]
+    assert [(i["path"], i["sha256"]) for i in m["inputs"]] == [(str(f), hashlib.sha256(f.read_bytes()).hexdigest())
+                                                              for f in files]
     assert m["warnings"] == []
 
     # Editing a split afterwards is detected.
@@ -100,7 +102,8 @@ def test_prepare_is_deterministic_and_removes_stale_rejects(tmp_path):
     assert ma["hash"] == mb["hash"]
     assert all((a / f"{k}.jsonl").read_bytes() == (b / f"{k}.jsonl").read_bytes() for k in SPLITS)
     assert (a / "rejected.jsonl").exists()
-    clean = write_lines(tmp_path / "clean.jsonl", [json.dumps({"text": f"clean document number {i}", "source": f"s{i}"}) for i in range(5)])
+    clean = write_lines(tmp_path / "clean.jsonl",
+                        [json.dumps({"text": f"clean document number {i}", "source": f"s{i}"}) for i in range(5)])
     m = prepare([clean], a, min_chars=5)
     assert not (a / "rejected.jsonl").exists() and m["rejects"]["file"] is None
 
@@ -146,7 +149,8 @@ def test_bad_arguments_fail_before_touching_outputs(tmp_path):
 
 def test_prepare_time_split(tmp_path):
     rows = [
-        {"text": f"event log entry {i}: {distinct_text(i, 6)}", "source": "log", "timestamp": f"2024-0{1 + i % 6}-15T00:00:00Z"}
+        {"text": f"event log entry {i}: {distinct_text(i, 6)}", "source": "log",
+         "timestamp": f"2024-0{1 + i % 6}-15T00:00:00Z"}
         for i in range(30)
     ]
     rows.append({"text": "an entry that has no timestamp at all", "source": "log"})
@@ -165,7 +169,8 @@ def test_prepare_time_split(tmp_path):
 
 
 def test_few_sources_warns_about_empty_splits(tmp_path):
-    path = write_lines(tmp_path / "one.jsonl", [json.dumps({"text": f"only one source, doc {i}: {distinct_text(i, 5)}"}) for i in range(5)])
+    path = write_lines(tmp_path / "one.jsonl",
+                       [json.dumps({"text": f"only one source, doc {i}: {distinct_text(i, 5)}"}) for i in range(5)])
     m = prepare([path], tmp_path / "out", min_chars=5)
     assert m["splits"]["train"]["records"] == 5
     assert m["warnings"] == ["val split is empty", "test split is empty"]

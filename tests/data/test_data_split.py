@@ -79,7 +79,8 @@ def test_assignment_does_not_depend_on_python_hash_seed():
     outs = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        outs.add(proc.stdout)
     assert len(outs) == 1
     assert set(json.loads(outs.pop()).values()) == set(SPLITS)
 
@@ -91,7 +92,8 @@ def test_bad_fractions_raise_early(vf, tf):
 
 
 def _timed(ts: list[str | None]) -> list[Record]:
-    return [Record(text=f"doc {i}", source=f"s{i % 2}", timestamp=t, id=i, origin=("in.jsonl", i + 1)) for i, t in enumerate(ts)]
+    return [Record(text=f"doc {i}", source=f"s{i % 2}", timestamp=t, id=i, origin=("in.jsonl", i + 1))
+            for i, t in enumerate(ts)]
 
 
 def test_time_split_honours_cutoffs():

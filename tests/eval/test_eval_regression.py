@@ -117,7 +117,8 @@ def test_split_metrics_gate_with_data(toy_model_dir, perturbed_dir, planted_data
 
 def test_bad_case_file_names_the_line(tmp_path):
     path = tmp_path / "c.jsonl"
-    path.write_text('{"prompt": "a", "expect": "contains", "target": "b"}\n{"prompt": "a", "expect": "max_loss", "target": "b"}\n')
+    path.write_text('{"prompt": "a", "expect": "contains", "target": "b"}\n'
+                    '{"prompt": "a", "expect": "max_loss", "target": "b"}\n')
     with pytest.raises(ValueError, match=r"c.jsonl:2: bad case: .*needs a threshold"):
         load_cases(path)
     path.write_text('{"prompt": "a", "expect": "contains", "target": "b", "colour": 1}\n')

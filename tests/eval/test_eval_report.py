@@ -1,4 +1,7 @@
-"""`tinystack eval --model --data` writes eval.json; the report renders it to report.md + a self-contained report.html."""
+"""`tinystack eval --model --data` writes eval.json.
+
+The report renders it to report.md + a self-contained report.html.
+"""
 import json
 import re
 
@@ -65,7 +68,8 @@ def test_group_mounted_like_the_cli_does_runs_both_forms(toy_model_dir, planted_
     assert json.loads((tmp_path / "e.json").read_text())["val"]["docs"]["total"]["docs"] == 5
     from tinystack.eval.regression import Case, write_cases
 
-    write_cases(tmp_path / "c.jsonl", [Case(id="a", prompt="the big", expect="max_loss", target=" cat", threshold=99.0)])
+    write_cases(tmp_path / "c.jsonl",
+                [Case(id="a", prompt="the big", expect="max_loss", target=" cat", threshold=99.0)])
     res = runner.invoke(root, ["eval", "regress", "--model", str(toy_model_dir), "--baseline", str(toy_model_dir),
                                "--cases", str(tmp_path / "c.jsonl")])
     assert res.exit_code == 0 and "0 worse" in res.output, res.output

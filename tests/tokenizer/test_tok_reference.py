@@ -19,7 +19,8 @@ from tinystack.tokenizer import BPETokenizer
 tiktoken = pytest.importorskip("tiktoken")
 tokenizers = pytest.importorskip("tokenizers")
 
-CHINESE = "自然语言处理是计算机科学领域与人工智能领域中的一个重要方向。它研究能实现人与计算机之间用自然语言进行有效通信的各种理论和方法。"
+CHINESE = ("自然语言处理是计算机科学领域与人工智能领域中的一个重要方向。"
+           "它研究能实现人与计算机之间用自然语言进行有效通信的各种理论和方法。")
 CODE = Path(__file__).read_text(encoding="utf-8") + Path(tokenizers.__file__).read_text(encoding="utf-8")
 EDGES = "2024 12345678 don't DON'T we'LL  \n\n  \t\r\n x  y\u00a0z \u3000全角 \u2028 ... !!! ?!\n"
 NAMES = ["english", "chinese", "code", "mixed", "edges"]

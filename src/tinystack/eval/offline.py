@@ -55,8 +55,9 @@ def _token_stream(tokenizer: Any, records: Sequence[dict[str, Any]]) -> np.ndarr
     return np.asarray(ids, dtype=np.int64)
 
 
-def window_metrics(model: Any, tokenizer: Any, cfg: EvalConfig, *, records: dict[str, list[dict[str, Any]]] | None = None,
-                   tok_dir: Path | None = None, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+def window_metrics(model: Any, tokenizer: Any, cfg: EvalConfig, *,
+                   records: dict[str, list[dict[str, Any]]] | None = None, tok_dir: Path | None = None,
+                   device: str = "cpu", progress: bool = True) -> dict[str, Any]:
     """Fixed-window metrics per split, from tok_dir/{split}.bin when present, else from the records."""
     from tinystack.tokenizer.shards import load_tokens, token_byte_lengths
 

@@ -61,7 +61,8 @@ def build_sections(workdir: Path) -> list[Section]:
     if log_path.is_file():
         log = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if log:
-            sections.append(Section("Training loss", text=[f"{len(log):,} steps, final train loss {log[-1]['loss']:.3f}."],
+            sections.append(Section("Training loss",
+                                    text=[f"{len(log):,} steps, final train loss {log[-1]['loss']:.3f}."],
                                     image="training_loss.png", png=plots.training_curve(log)))
     docs = ev.get("val", {}).get("docs")
     if docs:
@@ -77,7 +78,8 @@ def build_sections(workdir: Path) -> list[Section]:
                                 png=plots.loss_vs_length(pd["tokens"], pd["loss"], _edges(docs["by_length"]))))
         bad = Section("Bad cases (val)", headers=["loss", "source", "tokens", "cluster", "near dup in train", "text"])
         for w in docs["worst_cases"]:
-            match = f"yes ({w['train_match']['id']}, J={w['train_match']['jaccard']})" if w["near_duplicate_in_train"] else "no"
+            match = (f"yes ({w['train_match']['id']}, J={w['train_match']['jaccard']})"
+                     if w["near_duplicate_in_train"] else "no")
             bad.rows.append([_f(w["loss"]), str(w["source"]), str(w["tokens"]), str(w["cluster_id"]), match,
                              w["text"][:100].replace("\n", " ")])
         sections.append(bad)
@@ -91,7 +93,8 @@ def build_sections(workdir: Path) -> list[Section]:
     if gen:
         g = Section("Generation checks", headers=["setting", "prompt", "completion", "repetition", "looping"])
         for name in ("greedy", "sampled"):
-            g.text.append(f"{name}: distinct-1 {gen[name]['distinct_1']:.2f}, distinct-2 {gen[name]['distinct_2']:.2f}, "
+            g.text.append(f"{name}: distinct-1 {gen[name]['distinct_1']:.2f}, "
+                          f"distinct-2 {gen[name]['distinct_2']:.2f}, "
                           f"mean repetition rate {gen[name]['mean_repetition_rate']:.2f}, "
                           f"{gen[name]['looping']} of {len(gen[name]['samples'])} looping.")
             for r in gen[name]["samples"]:
@@ -116,8 +119,9 @@ def _regression_section(reg: dict[str, Any]) -> Section:
     s, gate = reg["summary"], reg.get("gate")
     if "rows" in reg:
         sec = Section("Regression set", headers=["case", "expect", "baseline", "new", "delta", "verdict"])
-        sec.text.append(f"Against baseline {s['baseline']}: {s['better']} better, {s['worse']} worse, {s['same']} same "
-                        f"(tolerance {s['tolerance']} nats/token); " + ("REGRESSED." if s["regressed"] else "no regression."))
+        verdict = "REGRESSED." if s["regressed"] else "no regression."
+        sec.text.append(f"Against baseline {s['baseline']}: {s['better']} better, {s['worse']} worse, "
+                        f"{s['same']} same (tolerance {s['tolerance']} nats/token); " + verdict)
         for r in reg["rows"]:
             sec.rows.append([r["id"], r["expect"], _f(r["baseline"]), _f(r["new"]), f"{r['delta']:+.3f}", r["verdict"]])
         if gate:

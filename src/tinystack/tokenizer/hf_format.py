@@ -112,7 +112,8 @@ def from_hf_json(obj: Mapping[str, Any]) -> tuple[str, list[bytes], list[tuple[i
             or steps[0].get("invert") or "Regex" not in steps[0].get("pattern", {})
             or steps[1].get("type") != "ByteLevel" or steps[1].get("use_regex")
             or steps[1].get("add_prefix_space")):
-        raise ValueError("tokenizer.json: expected pre_tokenizer Sequence[Split(Regex, Isolated), ByteLevel(use_regex=False)]")
+        raise ValueError("tokenizer.json: expected pre_tokenizer "
+                         "Sequence[Split(Regex, Isolated), ByteLevel(use_regex=False)]")
     pattern = steps[0]["pattern"]["Regex"]
 
     str_vocab: dict[str, int] = model["vocab"]

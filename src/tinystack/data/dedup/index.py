@@ -112,7 +112,8 @@ class NearDupIndex:
         return len(offsets)
 
     @classmethod
-    def from_jsonl(cls, path: str | Path, params: NearDupParams | None = None, text_field: str = "text") -> NearDupIndex:
+    def from_jsonl(cls, path: str | Path, params: NearDupParams | None = None,
+                   text_field: str = "text") -> NearDupIndex:
         """An index over the `text_field` of every line of a JSONL file (e.g. a train split)."""
         idx = cls(params or NearDupParams())
         idx.add_jsonl(path, text_field)

@@ -1,1 +1,4 @@
-"""Record-level filters: normalisation and length (clean.py), quality rules (quality.py), the n-gram perplexity model (ngram_lm.py)."""
+"""Record-level filters.
+
+Normalisation and length (clean.py), quality rules (quality.py), the n-gram perplexity model (ngram_lm.py).
+"""

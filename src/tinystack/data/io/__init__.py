@@ -1,1 +1,4 @@
-"""Reading inputs into records, writing outputs: readers, formats, the record schema, rejects, spools, the built-in corpus, manifests."""
+"""Reading inputs into records, writing outputs.
+
+Readers, formats, the record schema, rejects, spools, the built-in corpus, manifests.
+"""
