@@ -9,9 +9,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tinystack.infer.chat import ChatFormatter, load_chat_template
-from tinystack.tokenizer import load_tokenizer
 from tinystack.model import ModelFormatError, load_model
 from tinystack.model.importer import files_sha256, import_model
+from tinystack.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
