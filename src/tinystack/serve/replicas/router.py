@@ -1,0 +1,95 @@
+"""`ReplicaRouter`: Ray Serve's request router for the engine deployment, with our routing policies.
+
+Ray Serve runs it inside the gateway's deployment handle (one per handle, on Serve's own event-loop
+thread) and asks it, for each request, which replicas to try in which order. It turns what it knows
+into `routing.ReplicaView`s and lets the pure functions in routing.py decide:
+
+    load     the largest of: the replica's own report (queued + running, its routing stats, polled
+             by Serve every ROUTING_STATS_PERIOD_S), the ongoing requests Serve last heard from it,
+             and this gateway's requests in flight there (exact, and never stale)
+    cached   the block hashes in the replica's prefix cache (its report) plus those of the prompts
+             this router sent there lately (so a burst sharing a new prefix sticks before the next poll)
+    hint     the request's prompt block hashes: the `prefix` keyword the gateway passes to generate
+
+Serve tries the replicas in the order given and moves on when one is full (its max_ongoing_requests).
+The gateway reads the replicas this router sees (`live_routers`) for /health, /metrics and the dashboard.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict, defaultdict
+from typing import Any
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from tinystack.serve.replicas.routing import ReplicaView, order
+
+ROUTING_STATS_PERIOD_S = 0.5
+SENT_MEMORY = 4096  # block hashes remembered per replica from the prompts routed there
+
+_routers: weakref.WeakSet[ReplicaRouter] = weakref.WeakSet()
+_lock = threading.Lock()
+
+
+def live_routers() -> list[ReplicaRouter]:
+    """The routers of this process's handles to the engine deployment (usually one)."""
+    with _lock:
+        return list(_routers)
+
+
+class ReplicaRouter(RequestRouter):
+    def initialize_state(self, policy: str = "prefix", overload: int = 4, **_: Any) -> None:
+        self.policy, self.overload = policy, overload
+        self.counter = 0
+        self.in_flight: dict[str, set[str]] = defaultdict(set)  # replica id -> this gateway's request ids
+        self.sent: dict[str, OrderedDict[int, None]] = defaultdict(OrderedDict)
+        with _lock:
+            _routers.add(self)
+
+    # ------------------------------------------------------------ what the gateway reads
+    def replica_stats(self) -> dict[str, dict[str, Any]]:
+        """Replica id -> its last routing stats (load, KV, prefix cache...), for every replica up."""
+        return {r.replica_id.unique_id: dict(r.routing_stats or {}) for r in list(self.curr_replicas.values())}
+
+    # ------------------------------------------------------------ routing
+    def _view(self, replica: RunningReplica) -> ReplicaView:
+        rid = replica.replica_id.unique_id
+        stats = replica.routing_stats or {}
+        load = max(int(stats.get("load", 0)), len(self.in_flight.get(rid, ())),
+                   int(self._replica_queue_len_cache.get(replica.replica_id) or 0))
+        cached = set(stats.get("cached", ()))
+        cached.update(self.sent.get(rid, ()))
+        return ReplicaView(rid, load, cached)
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        hashes: list[int] = []
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True  # all full: back off, do not spin
+            hashes = list(pending_request.kwargs.get("prefix") or ())
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        ranked = order(self.policy, [self._view(r) for r in candidate_replicas], hashes=hashes,
+                       overload=self.overload, counter=self.counter)
+        self.counter += 1
+        return [[by_id[rid]] for rid in ranked]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        rid = replica_id.unique_id
+        self.in_flight[rid].add(pending_request.metadata.internal_request_id)
+        sent = self.sent[rid]
+        for h in pending_request.kwargs.get("prefix") or ():
+            sent[h] = None
+            sent.move_to_end(h)
+        while len(sent) > SENT_MEMORY:
+            sent.popitem(last=False)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.in_flight[replica_id.unique_id].discard(internal_request_id)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.in_flight.pop(replica_id.unique_id, None)
+        self.sent.pop(replica_id.unique_id, None)
