@@ -31,8 +31,15 @@ from tinystack.infer.llm_engine import LLMEngine
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
 from tinystack.serve.api.context import current_context
-from tinystack.serve.engine.adapter import EngineBusy, EngineDead, EngineStats, RequestRejected, TokenEvent, UsageCallback
-from tinystack.serve.replicas.router import live_routers
+from tinystack.serve.engine.adapter import (
+    EngineBusy,
+    EngineDead,
+    EngineStats,
+    RequestRejected,
+    TokenEvent,
+    UsageCallback,
+)
+from tinystack.serve.replicas.registry import live_routers
 from tinystack.serve.replicas.routing import prompt_block_hashes
 
 logger = logging.getLogger("tinystack.serve")
@@ -96,7 +103,8 @@ class ReplicaAdapter:
         used = [s.get("kv_usage", 0.0) for s in per]
         return EngineStats(sum(s.get("running", 0) for s in per), sum(s.get("waiting", 0) for s in per),
                            sum(s.get("kv_bytes_in_use", 0) for s in per), self.max_num_seqs,
-                           kv_usage=sum(used) / max(1, len(used)), preemptions=sum(s.get("preemptions", 0) for s in per),
+                           kv_usage=sum(used) / max(1, len(used)),
+                           preemptions=sum(s.get("preemptions", 0) for s in per),
                            prefix_cache_hits=sum(s.get("prefix_cache_hits", 0) for s in per),
                            prefix_cache_queries=sum(s.get("prefix_cache_queries", 0) for s in per), ended=ended)
 

@@ -65,7 +65,7 @@ def deploy(model_dir: str | Path, cfg: Config) -> Any:
         health_check_period_s=1.0, health_check_timeout_s=30.0,
         graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=max(1.0, s.shutdown_grace_s),
         request_router_config=RequestRouterConfig(
-            request_router_class=ReplicaRouter,
+            request_router_class=f"{ReplicaRouter.__module__}.{ReplicaRouter.__qualname__}",  # by name: imported here
             request_router_kwargs={"policy": s.routing, "overload": s.prefix_overload},
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S, request_routing_stats_timeout_s=5.0))
     app = deployment.bind(str(model_dir), asdict(cfg.infer), cfg.run.device, threads)

@@ -12,30 +12,20 @@ into `routing.ReplicaView`s and lets the pure functions in routing.py decide:
     hint     the request's prompt block hashes: the `prefix` keyword the gateway passes to generate
 
 Serve tries the replicas in the order given and moves on when one is full (its max_ongoing_requests).
-The gateway reads the replicas this router sees (`live_routers`) for /health, /metrics and the dashboard.
+The gateway reads the replicas this router sees (registry.py) for /health, /metrics and the dashboard.
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from collections import OrderedDict, defaultdict
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from tinystack.serve.replicas.registry import register
 from tinystack.serve.replicas.routing import ReplicaView, order
 
 ROUTING_STATS_PERIOD_S = 0.5
 SENT_MEMORY = 4096  # block hashes remembered per replica from the prompts routed there
-
-_routers: weakref.WeakSet[ReplicaRouter] = weakref.WeakSet()
-_lock = threading.Lock()
-
-
-def live_routers() -> list[ReplicaRouter]:
-    """The routers of this process's handles to the engine deployment (usually one)."""
-    with _lock:
-        return list(_routers)
 
 
 class ReplicaRouter(RequestRouter):
@@ -44,8 +34,7 @@ class ReplicaRouter(RequestRouter):
         self.counter = 0
         self.in_flight: dict[str, set[str]] = defaultdict(set)  # replica id -> this gateway's request ids
         self.sent: dict[str, OrderedDict[int, None]] = defaultdict(OrderedDict)
-        with _lock:
-            _routers.add(self)
+        register(self)
 
     # ------------------------------------------------------------ what the gateway reads
     def replica_stats(self) -> dict[str, dict[str, Any]]:
