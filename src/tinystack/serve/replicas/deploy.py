@@ -11,8 +11,9 @@
                                                        replicas are replaced a few at a time (one of two),
                                                        each old one finishing its in-flight requests first
     gateway_adapter(handle, model_dir, cfg)           the gateway's engine adapter (adapter.py)
-    shutdown(started_here)                            delete the deployment and, if this process started
-                                                       the cluster, stop it
+    shutdown(started_here)                            if this process started the (local) cluster: stop
+                                                       Serve and Ray; a joined cluster keeps its replicas
+                                                       (other gateways, the next rolling update use them)
 
 Serve's HTTP proxy is not started: the gateway (the ordinary app, serve/app.py) is the only way in.
 """
@@ -80,7 +81,7 @@ def gateway_adapter(handle: Any, model_dir: str | Path, cfg: Config) -> Any:
 
 
 def shutdown(started_here: bool) -> None:
-    """Remove the deployment (and the local cluster if this process started it)."""
+    """Stop Serve and Ray when this process started the cluster; leave a joined cluster as it is."""
     import ray
     from ray import serve
 
