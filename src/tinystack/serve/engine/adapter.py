@@ -43,6 +43,11 @@ class EngineDead(RuntimeError):
     """The engine loop is not running (it died, or was stopped); the watchdog restarts it."""
 
 
+class ReplicaLost(EngineDead):
+    """The replica running this request died after it had sent tokens (serve/replicas): the request fails
+    (503, or an error event in a stream), but the other replicas are fine, so the breaker is not told."""
+
+
 class EngineBusy(RuntimeError):
     """Every engine replica is at capacity (serve/replicas): the client's 429 with Retry-After, not a failure."""
 

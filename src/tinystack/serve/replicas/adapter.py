@@ -11,8 +11,9 @@ the engine calls change:
                                   which the middleware also sends as the x-tinystack-replica header
         replica died / went away before the first token   -> sent again (another replica), up to
                                                               `retries` times: nothing was lost
-        ... after tokens were sent                         -> EngineDead: the stream ends with an
-                                                              error event (execution.py)
+        ... after tokens were sent                         -> ReplicaLost: 503, or in a stream an
+                                                              error event (execution.py); the
+                                                              breaker is not told (one replica)
         every replica full (Serve's queue bound)           -> EngineBusy: 429 with Retry-After
     abort(id)                  closing the stream cancels the call; the replica aborts the sequence
     stats(), replica_stats()   summed / per replica, from the replicas' routing stats (router.py)
@@ -35,6 +36,7 @@ from tinystack.serve.engine.adapter import (
     EngineBusy,
     EngineDead,
     EngineStats,
+    ReplicaLost,
     RequestRejected,
     TokenEvent,
     UsageCallback,
@@ -143,18 +145,19 @@ class ReplicaAdapter:
                 call = self.handle.options(stream=True).generate.remote(request_id, list(prompt_ids), params,
                                                                          prefix=hashes)
                 try:
-                    async for item in call:
-                        if isinstance(item, TokenEvent):
-                            sent_tokens += 1
-                            yield item
-                        elif isinstance(item, SequenceUsage):
-                            usage = item
-                        elif item[0] == "replica":
-                            _note_replica(item[1])
-                        elif item[0] == "rejected":
-                            raise RequestRejected(item[1])
-                        elif item[0] == "dead":
-                            raise EngineDead(item[1])
+                    async for batch in call:
+                        for item in batch:
+                            if isinstance(item, TokenEvent):
+                                sent_tokens += 1
+                                yield item
+                            elif isinstance(item, SequenceUsage):
+                                usage = item
+                            elif item[0] == "replica":
+                                _note_replica(item[1])
+                            elif item[0] == "rejected":
+                                raise RequestRejected(item[1])
+                            elif item[0] == "dead":
+                                raise EngineDead(item[1])
                     return
                 except BackPressureError:
                     raise EngineBusy("every replica is at capacity") from None
@@ -163,7 +166,7 @@ class ReplicaAdapter:
                         raise
                     if sent_tokens:
                         self.cut += 1
-                        raise EngineDead(f"the replica serving this request was lost: {e}") from None
+                        raise ReplicaLost(f"the replica serving this request was lost: {e}") from None
                     if attempt == self.retries:
                         raise EngineDead(f"no replica could serve this request: {e}") from None
                     self.resent += 1

@@ -4,12 +4,14 @@ Each replica loads its own AsyncEngine from the model directory and the [infer] 
 KV cache and memory budget) and serves it through the same `AsyncEngineAdapter` the single-process
 server uses. It speaks to the gateway (adapter.py) in plain picklable items:
 
-    generate(request_id, prompt_ids, params, prefix=)   async generator (Serve streaming):
+    generate(request_id, prompt_ids, params, prefix=)   async generator (Serve streaming) of lists of:
         ("replica", id)        first, so the gateway knows who serves it before any token
         TokenEvent ...         one per generated token
         SequenceUsage          last: tokens, finish reason, engine stamps and cost
         ("rejected", msg)      the engine refuses the request for good (the gateway's 400)
         ("dead", msg)          the engine loop is not running (the gateway retries elsewhere)
+      one list per token, the first and last items riding with the first and last token: every item
+      sent costs a Ray round of its own, and a short request is then one or two of them
       `prefix` is the router's hint (router.py reads it); the replica ignores it.
     record_routing_stats()     Serve polls it: load (queued + running), KV use, prefix-cache counters,
                                finished sequences, and the hashes of the blocks in its prefix cache
@@ -61,19 +63,22 @@ class EngineReplica:
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                        prefix: list[int] | None = None) -> AsyncIterator[Any]:
-        yield ("replica", self.replica_id)
+        batch: list[Any] = [("replica", self.replica_id)]
         usage: list[SequenceUsage] = []
         try:
             async for event in self.adapter.stream(request_id, prompt_ids, params, usage.append):
-                yield event
+                batch.append(event)
+                if usage:  # reported before the last token: it travels with it
+                    batch.append(usage.pop())
+                yield batch
+                batch = []
         except RequestRejected as e:
-            yield ("rejected", str(e))
-            return
+            batch.append(("rejected", str(e)))
         except EngineDead as e:
-            yield ("dead", str(e))
-            return
-        if usage:
-            yield usage[0]
+            batch.append(("dead", str(e)))
+        batch.extend(usage)
+        if batch:
+            yield batch
 
     def record_routing_stats(self) -> dict[str, Any]:
         s = self.adapter.stats()
