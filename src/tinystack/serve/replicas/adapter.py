@@ -60,6 +60,7 @@ class ReplicaAdapter:
         from tinystack.tokenizer import load_tokenizer
 
         self.handle = handle
+        self._streaming = handle.options(stream=True)  # made once: options() builds a new handle each call
         self.app_name = app_name
         self.replicas = replicas
         self.retries = retries
@@ -142,8 +143,7 @@ class ReplicaAdapter:
         usage: SequenceUsage | None = None
         try:
             for attempt in range(self.retries + 1):
-                call = self.handle.options(stream=True).generate.remote(request_id, list(prompt_ids), params,
-                                                                         prefix=hashes)
+                call = self._streaming.generate.remote(request_id, list(prompt_ids), params, prefix=hashes)
                 try:
                     async for batch in call:
                         for item in batch:
