@@ -83,10 +83,8 @@ def gateway_adapter(handle: Any, model_dir: str | Path, cfg: Config) -> Any:
 def shutdown(started_here: bool) -> None:
     """Stop Serve and Ray when this process started the cluster; leave a joined cluster as it is."""
     import ray
-    from ray import serve
 
     if not ray.is_initialized():
         return
-    if started_here:
-        serve.shutdown()
+    if started_here:  # the gateway has drained: stopping the cluster ends the replicas (no Serve teardown)
         ray.shutdown()
