@@ -30,7 +30,7 @@ OK_UNDER_FAULTS = {200, 429, 503}
 
 def _config() -> Config:
     cfg = Config()
-    cfg.serve.replicas, cfg.serve.replica_num_cpus, cfg.serve.routing = 2, 1.0, "least_loaded"
+    cfg.serve.replicas, cfg.serve.replica_num_cpus, cfg.serve.routing = 2, 1.0, "prefix"
     cfg.serve.shutdown_grace_s = 10.0
     cfg.infer.max_num_seqs, cfg.infer.memory_limit_mb = 4, 64
     cfg.infer.dtype, cfg.infer.hugepages = "float32", False  # no format measurement: replicas start fast
@@ -39,7 +39,9 @@ def _config() -> Config:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tokenizer):
-    """(config, first model dir, second model dir, handle, gateway url, limited gateway url)."""
+    """(config, [first model dir, second model dir], handle, gateway url, limited gateway url, small gateway
+    url). The limited gateway allows 5 requests/min per key; the small one queues nothing beyond what the
+    replicas run (its admission gate: 2 replicas x 4 sequences)."""
     dirs = []
     for seed in (0, 1):
         path = tmp_path_factory.mktemp(f"model{seed}")
@@ -63,8 +65,11 @@ def cluster(tmp_path_factory, tokenizer):
         limited = replace(cfg.serve, rate_limit_rpm=5)
         limited_url = stack.enter_context(run_in_background(create_app(adapter, limited, model_dir=dirs[0]),
                                                             startup_timeout_s=30))
+        small = replace(cfg.serve, max_queued_requests=0)
+        small_url = stack.enter_context(run_in_background(create_app(adapter, small, model_dir=dirs[0]),
+                                                          startup_timeout_s=30))
         _wait_for_replicas(url, 2, 60)
-        yield cfg, dirs, handle, url, limited_url
+        yield cfg, dirs, handle, url, limited_url, small_url
 
 
 def _wait_for_replicas(url: str, n: int, timeout_s: float) -> float:
@@ -94,7 +99,7 @@ def _replica_ids(url: str) -> set[str]:
 
 
 def test_the_api_through_two_replicas(cluster):
-    cfg, dirs, handle, url, _ = cluster
+    cfg, dirs, handle, url, *_ = cluster
     replicas = _replica_ids(url)
     assert len(replicas) == 2
     health = httpx.get(url + "/health").json()
@@ -121,7 +126,7 @@ def test_the_api_through_two_replicas(cluster):
 
 
 def test_a_rate_limit_holds_across_replicas(cluster):
-    *_, limited_url = cluster
+    limited_url = cluster[4]
     results = [_complete(limited_url, i) for i in range(5)]
     assert [s for s, _, _ in results] == [200] * 5
     r = httpx.post(limited_url + "/v1/completions", json={"prompt": "one more", "max_tokens": 2}, timeout=60)
@@ -145,7 +150,7 @@ def _load(url: str, stop: threading.Event, out: list, clients: int = 4) -> list[
 
 
 def test_a_killed_replica_is_replaced_and_nothing_but_200_429_503_is_seen(cluster):
-    cfg, dirs, handle, url, _ = cluster
+    cfg, dirs, handle, url, *_ = cluster
     stop, results = threading.Event(), []
     threads = _load(url, stop, results)
     time.sleep(2.0)
@@ -168,7 +173,7 @@ def test_a_killed_replica_is_replaced_and_nothing_but_200_429_503_is_seen(cluste
 
 
 def test_a_rolling_update_fails_no_in_flight_request(cluster):
-    cfg, dirs, handle, url, _ = cluster
+    cfg, dirs, handle, url, *_ = cluster
     old = _replica_ids(url)
     stop, results = threading.Event(), []
     threads = _load(url, stop, results)
@@ -190,6 +195,37 @@ def test_a_rolling_update_fails_no_in_flight_request(cluster):
     assert info["model_dir"] == str(dirs[1])
 
 
+def test_prefix_routing_keeps_a_shared_prompt_on_one_replica(cluster):
+    """4 system prompts of 2+ full KV blocks: after the first request of each (spread by load), every later
+    request with the same system prompt goes to the replica whose prefix cache holds it."""
+    url = cluster[3]
+    systems = [f"system {k}: " + " ".join(["return the number of items in the list"] * 6) for k in range(4)]
+    ask = lambda k, i: httpx.post(url + "/v1/completions", json={"prompt": f"{systems[k]} q{i}", "max_tokens": 2},
+                                  timeout=60).headers["x-tinystack-replica"]
+    with ThreadPool(4) as pool:
+        first = pool.map(lambda k: ask(k, 0), range(4))
+    later = [[ask(k, i) for i in range(1, 4)] for k in range(4)]
+    for k in range(4):
+        assert set(later[k]) == {first[k]}, (k, first[k], later[k])
+    time.sleep(1.5)  # the replicas' counters come with their routing stats (every 0.5 s)
+    text = httpx.get(url + "/metrics").text
+    hits = sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("tinystack_prefix_cache_hits_total{replica="))
+    assert hits >= 12 * 16  # each of the 12 later requests found at least its first block
+
+
+def test_when_every_replica_is_full_the_gateway_answers_429_at_once(cluster):
+    small_url = cluster[5]
+    t0 = time.monotonic()
+    with ThreadPool(24) as pool:
+        results = pool.map(lambda i: httpx.post(small_url + "/v1/completions", timeout=60, json={
+            "prompt": f"return {i}", "max_tokens": 48, "ignore_eos": True}), range(24))
+    statuses = [r.status_code for r in results]
+    assert set(statuses) <= {200, 429} and statuses.count(200) >= 8 and statuses.count(429) >= 1
+    assert all(r.headers.get("retry-after") == "1" for r in results if r.status_code == 429)
+    assert time.monotonic() - t0 < 60  # nothing waited unbounded
+
+
 class ThreadPool:
     """A small map over threads (httpx clients block)."""
 
@@ -209,7 +245,7 @@ class ThreadPool:
 
 
 def test_request_logs_carry_the_replica(cluster, tmp_path):
-    cfg, dirs, handle, url, _ = cluster
+    cfg, dirs, handle, url, *_ = cluster
     from tinystack.observe import setup_request_log
 
     log_path = tmp_path / "requests.jsonl"
