@@ -34,6 +34,7 @@ class ReplicaRouter(RequestRouter):
         self.counter = 0
         self.in_flight: dict[str, set[str]] = defaultdict(set)  # replica id -> this gateway's request ids
         self.sent: dict[str, OrderedDict[int, None]] = defaultdict(OrderedDict)
+        self._cached_sets: dict[str, tuple[Any, frozenset[int]]] = {}  # replica id -> (its report, as a set)
         register(self)
 
     # ------------------------------------------------------------ what the gateway reads
@@ -42,14 +43,17 @@ class ReplicaRouter(RequestRouter):
         return {r.replica_id.unique_id: dict(r.routing_stats or {}) for r in list(self.curr_replicas.values())}
 
     # ------------------------------------------------------------ routing
-    def _view(self, replica: RunningReplica) -> ReplicaView:
+    def _view(self, replica: RunningReplica, with_cache: bool) -> ReplicaView:
         rid = replica.replica_id.unique_id
         stats = replica.routing_stats or {}
         load = max(int(stats.get("load", 0)), len(self.in_flight.get(rid, ())),
                    int(self._replica_queue_len_cache.get(replica.replica_id) or 0))
-        cached = set(stats.get("cached", ()))
-        cached.update(self.sent.get(rid, ()))
-        return ReplicaView(rid, load, cached)
+        if not with_cache:
+            return ReplicaView(rid, load)
+        reported = stats.get("cached", ())
+        if self._cached_sets.get(rid, (None,))[0] is not reported:  # a new report: build its set once
+            self._cached_sets[rid] = (reported, frozenset(reported))
+        return ReplicaView(rid, load, _Union(self._cached_sets[rid][1], self.sent.get(rid, {})))
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -60,7 +64,8 @@ class ReplicaRouter(RequestRouter):
             pending_request.routing_context.should_backoff = True  # all full: back off, do not spin
             hashes = list(pending_request.kwargs.get("prefix") or ())
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        ranked = order(self.policy, [self._view(r) for r in candidate_replicas], hashes=hashes,
+        with_cache = self.policy == "prefix" and bool(hashes)
+        ranked = order(self.policy, [self._view(r, with_cache) for r in candidate_replicas], hashes=hashes,
                        overload=self.overload, counter=self.counter)
         self.counter += 1
         return [[by_id[rid]] for rid in ranked]
@@ -80,5 +85,15 @@ class ReplicaRouter(RequestRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self.in_flight.pop(replica_id.unique_id, None)
-        self.sent.pop(replica_id.unique_id, None)
+        for memo in (self.in_flight, self.sent, self._cached_sets):
+            memo.pop(replica_id.unique_id, None)
+
+
+class _Union:
+    """Membership in either of two collections, without copying them (checked per request)."""
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.a or item in self.b

@@ -16,7 +16,7 @@ The order, not one pick: Ray Serve tries the next replica when the first refuses
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from tinystack.infer.block_manager import block_hash
@@ -28,7 +28,7 @@ POLICIES = ("prefix", "least_loaded", "round_robin")
 class ReplicaView:
     id: str
     load: int
-    cached: Collection[int] = field(default_factory=frozenset)
+    cached: Container[int] = field(default_factory=frozenset)
 
 
 def prompt_block_hashes(prompt_ids: Sequence[int], block_size: int, max_blocks: int = 64) -> list[int]:
@@ -41,7 +41,7 @@ def prompt_block_hashes(prompt_ids: Sequence[int], block_size: int, max_blocks: 
     return hashes
 
 
-def prefix_match(hashes: Sequence[int], cached: Collection[int]) -> int:
+def prefix_match(hashes: Sequence[int], cached: Container[int]) -> int:
     """How many leading blocks of the prompt `cached` holds (a chained hash implies its whole prefix)."""
     n = 0
     for h in hashes:
