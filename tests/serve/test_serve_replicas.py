@@ -196,8 +196,8 @@ def test_a_rolling_update_fails_no_in_flight_request(cluster):
 
 
 def test_prefix_routing_keeps_a_shared_prompt_on_one_replica(cluster):
-    """4 system prompts of ~50 tokens (3 full KV blocks of 16): after the first request of each (spread by load), every later
-    request with the same system prompt goes to the replica whose prefix cache holds it."""
+    """4 system prompts of ~50 tokens (3 full KV blocks of 16): after the first request of each (spread by
+    load), every later request with the same system prompt goes to the replica whose prefix cache holds it."""
     url = cluster[3]
     systems = [f"system {k}: " + " ".join(["return the number of items in the list"] * 2) for k in range(4)]
     ask = lambda k, i: httpx.post(url + "/v1/completions", json={"prompt": f"{systems[k]} q{i}", "max_tokens": 2},
