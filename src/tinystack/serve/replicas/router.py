@@ -8,7 +8,8 @@ into `routing.ReplicaView`s and lets the pure functions in routing.py decide:
              by Serve every ROUTING_STATS_PERIOD_S), the ongoing requests Serve last heard from it,
              and this gateway's requests in flight there (exact, and never stale)
     cached   the block hashes in the replica's prefix cache (its report) plus those of the prompts
-             this router sent there lately (so a burst sharing a new prefix sticks before the next poll)
+             this router chose it for lately (so a burst sharing a new prefix sticks to one replica
+             before that replica has even answered, let alone reported)
     hint     the request's prompt block hashes: the `prefix` keyword the gateway passes to generate
 
 Serve tries the replicas in the order given and moves on when one is full (its max_ongoing_requests).
@@ -68,17 +69,24 @@ class ReplicaRouter(RequestRouter):
         ranked = order(self.policy, [self._view(r, with_cache) for r in candidate_replicas], hashes=hashes,
                        overload=self.overload, counter=self.counter)
         self.counter += 1
+        if with_cache and ranked:
+            # remembered at once, not when the replica accepts: the next request of a burst sharing this
+            # prefix (routed before that answer comes) follows it to the same replica
+            self._remember(ranked[0], hashes)
         return [[by_id[rid]] for rid in ranked]
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        rid = replica_id.unique_id
-        self.in_flight[rid].add(pending_request.metadata.internal_request_id)
+    def _remember(self, rid: str, hashes: list[int]) -> None:
         sent = self.sent[rid]
-        for h in pending_request.kwargs.get("prefix") or ():
+        for h in hashes:
             sent[h] = None
             sent.move_to_end(h)
         while len(sent) > SENT_MEMORY:
             sent.popitem(last=False)
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        self.in_flight[replica_id.unique_id].add(pending_request.metadata.internal_request_id)
+        if self.policy == "prefix":  # where it really went (Serve may have passed over a full first choice)
+            self._remember(replica_id.unique_id, list(pending_request.kwargs.get("prefix") or ()))
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         self.in_flight[replica_id.unique_id].discard(internal_request_id)
