@@ -6,7 +6,7 @@ into `routing.ReplicaView`s and lets the pure functions in routing.py decide:
 
     load     the largest of: the replica's own report (queued + running, its routing stats, polled
              by Serve every ROUTING_STATS_PERIOD_S), the ongoing requests Serve last heard from it,
-             and this gateway's requests in flight there (exact, and never stale)
+             and this gateway's requests in flight there or on their way to it (exact, never stale)
     cached   the block hashes in the replica's prefix cache (its report) plus those of the prompts
              this router chose it for lately (so a burst sharing a new prefix sticks to one replica
              before that replica has even answered, let alone reported)
@@ -36,6 +36,10 @@ class ReplicaRouter(RequestRouter):
         self.in_flight: dict[str, set[str]] = defaultdict(set)  # replica id -> this gateway's request ids
         self.sent: dict[str, OrderedDict[int, None]] = defaultdict(OrderedDict)
         self._cached_sets: dict[str, tuple[Any, frozenset[int]]] = {}  # replica id -> (its report, as a set)
+        # requests chosen for a replica that has not accepted them yet: counted as its load at once, or a
+        # burst arriving together would all see the same loads and all pick the same replica
+        self.choosing: dict[str, int] = defaultdict(int)
+        self._chosen: dict[str, str] = {}  # internal request id -> the replica it was counted against
         register(self)
 
     # ------------------------------------------------------------ what the gateway reads
@@ -47,7 +51,7 @@ class ReplicaRouter(RequestRouter):
     def _view(self, replica: RunningReplica, with_cache: bool) -> ReplicaView:
         rid = replica.replica_id.unique_id
         stats = replica.routing_stats or {}
-        load = max(int(stats.get("load", 0)), len(self.in_flight.get(rid, ())),
+        load = max(int(stats.get("load", 0)), len(self.in_flight.get(rid, ())) + self.choosing.get(rid, 0),
                    int(self._replica_queue_len_cache.get(replica.replica_id) or 0))
         if not with_cache:
             return ReplicaView(rid, load)
@@ -69,11 +73,20 @@ class ReplicaRouter(RequestRouter):
         ranked = order(self.policy, [self._view(r, with_cache) for r in candidate_replicas], hashes=hashes,
                        overload=self.overload, counter=self.counter)
         self.counter += 1
+        if ranked and pending_request is not None:
+            self._settle(pending_request.metadata.internal_request_id)  # a retry: count it once
+            self.choosing[ranked[0]] += 1
+            self._chosen[pending_request.metadata.internal_request_id] = ranked[0]
         if with_cache and ranked:
             # remembered at once, not when the replica accepts: the next request of a burst sharing this
             # prefix (routed before that answer comes) follows it to the same replica
             self._remember(ranked[0], hashes)
         return [[by_id[rid]] for rid in ranked]
+
+    def _settle(self, request_id: str) -> None:
+        rid = self._chosen.pop(request_id, None)
+        if rid is not None and self.choosing.get(rid, 0) > 0:
+            self.choosing[rid] -= 1
 
     def _remember(self, rid: str, hashes: list[int]) -> None:
         sent = self.sent[rid]
@@ -84,16 +97,18 @@ class ReplicaRouter(RequestRouter):
             sent.popitem(last=False)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        self._settle(pending_request.metadata.internal_request_id)
         self.in_flight[replica_id.unique_id].add(pending_request.metadata.internal_request_id)
         if self.policy == "prefix":  # where it really went (Serve may have passed over a full first choice)
             self._remember(replica_id.unique_id, list(pending_request.kwargs.get("prefix") or ()))
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self._settle(internal_request_id)  # never accepted anywhere (cancelled, failed): uncount it too
         self.in_flight[replica_id.unique_id].discard(internal_request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        for memo in (self.in_flight, self.sent, self._cached_sets):
+        for memo in (self.in_flight, self.sent, self._cached_sets, self.choosing):
             memo.pop(replica_id.unique_id, None)
 
 
