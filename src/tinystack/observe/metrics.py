@@ -51,36 +51,51 @@ class EngineReading:
 
 
 class EngineCollector(Collector):
-    """Gauges and engine counters read at scrape time from `read()` (None: the server is not running).
+    """Gauges and engine counters read at scrape time from `read()` (None: the server is not running; a dict:
+    one reading per engine replica, each series labelled `replica`).
 
     Counters are reported relative to the first reading, so a server that reuses an
     engine (tests, restarts) counts only its own traffic."""
 
-    def __init__(self, read: Callable[[], EngineReading | None]) -> None:
+    def __init__(self, read: Callable[[], EngineReading | dict[str, EngineReading] | None]) -> None:
         self.read = read
         self._base: EngineReading | None = None
 
     def start(self) -> None:
         """The server started: count the engine's counters from here."""
-        self._base = self.read()
+        r = self.read()
+        self._base = r if isinstance(r, EngineReading) else None
 
     def collect(self) -> Iterable[Metric]:
         r = self.read()
-        running = GaugeMetricFamily("tinystack_num_requests_running", "Sequences the engine is generating now.")
-        waiting = GaugeMetricFamily("tinystack_num_requests_waiting", "Sequences queued inside the engine.")
-        kv = GaugeMetricFamily("tinystack_kv_cache_usage", "Share of the KV cache in use (0-1).")
-        pre = CounterMetricFamily("tinystack_num_preemptions", "Sequences preempted (KV cache full).")
-        hits = CounterMetricFamily("tinystack_prefix_cache_hits", "Prompt tokens served by the prefix cache.")
-        queries = CounterMetricFamily("tinystack_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        if r is not None:
-            base = self._base = self._base or r
-            running.add_metric([], r.running)
-            waiting.add_metric([], r.waiting)
-            kv.add_metric([], min(1.0, max(0.0, r.kv_usage)))
-            pre.add_metric([], max(0, r.preemptions - base.preemptions))
-            hits.add_metric([], max(0, r.prefix_cache_hits - base.prefix_cache_hits))
-            queries.add_metric([], max(0, r.prefix_cache_queries - base.prefix_cache_queries))
+        labels = ["replica"] if isinstance(r, dict) else []
+        running = GaugeMetricFamily("tinystack_num_requests_running", "Sequences the engine is generating now.",
+                                    labels=labels)
+        waiting = GaugeMetricFamily("tinystack_num_requests_waiting", "Sequences queued inside the engine.",
+                                    labels=labels)
+        kv = GaugeMetricFamily("tinystack_kv_cache_usage", "Share of the KV cache in use (0-1).", labels=labels)
+        pre = CounterMetricFamily("tinystack_num_preemptions", "Sequences preempted (KV cache full).", labels=labels)
+        hits = CounterMetricFamily("tinystack_prefix_cache_hits", "Prompt tokens served by the prefix cache.",
+                                   labels=labels)
+        queries = CounterMetricFamily("tinystack_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                      labels=labels)
+        if isinstance(r, dict):  # engine replicas (serve/replicas): each started fresh, so counters are totals
+            for rid, one in sorted(r.items()):
+                self._add(one, EngineReading(0, 0, 0.0), [rid], running, waiting, kv, pre, hits, queries)
+        elif r is not None:
+            self._add(r, self._base or r, [], running, waiting, kv, pre, hits, queries)
+            self._base = self._base or r
         return [running, waiting, kv, pre, hits, queries]
+
+    @staticmethod
+    def _add(r: EngineReading, base: EngineReading, labels: list[str], running: Metric, waiting: Metric,
+             kv: Metric, pre: Metric, hits: Metric, queries: Metric) -> None:
+        running.add_metric(labels, r.running)
+        waiting.add_metric(labels, r.waiting)
+        kv.add_metric(labels, min(1.0, max(0.0, r.kv_usage)))
+        pre.add_metric(labels, max(0, r.preemptions - base.preemptions))
+        hits.add_metric(labels, max(0, r.prefix_cache_hits - base.prefix_cache_hits))
+        queries.add_metric(labels, max(0, r.prefix_cache_queries - base.prefix_cache_queries))
 
 
 class ServeMetrics:

@@ -41,6 +41,7 @@ from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
 from tinystack.serve.guards.body_limit import BodyLimitMiddleware
 from tinystack.serve.guards.protect import AdmissionGate, CircuitBreaker
 from tinystack.serve.guards.ratelimit import RateLimiter
+from tinystack.serve.guards.redis_ratelimit import RedisRateLimiter
 from tinystack.serve.state import ServerState
 from tinystack.serve.ui.pages import ui_router
 
@@ -51,9 +52,10 @@ def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = No
     """The shared objects of one server run (see state.py). Raises ValueError for a bad key file."""
     adapter = make_adapter(engine)
     name = cfg.model_name or (Path(model_dir).name if model_dir else "tinystack")
-    return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(adapter.max_num_seqs, cfg.max_queued_requests),
+    queued = cfg.max_queued_requests * getattr(adapter, "replicas", 1)  # each replica keeps its own queue
+    return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(adapter.max_num_seqs, queued),
                        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
-                       limiter=RateLimiter(cfg.rate_limit_rpm, cfg.rate_limit_tpm),
+                       limiter=make_limiter(cfg),
                        keys=KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file)),
                        chat=chat_formatter(model_dir, adapter.tokenizer), model_name=name,
                        lineage=served_lineage(model_dir))
@@ -73,10 +75,22 @@ def served_lineage(model_dir: str | Path | None) -> dict[str, Any]:
     return lineage
 
 
-def _engine_reading(app: FastAPI) -> EngineReading | None:
+def make_limiter(cfg: ServeConfig) -> RateLimiter | RedisRateLimiter:
+    """Per-key limits in this process, or in Redis (`redis_url`) when several gateway processes share them."""
+    if cfg.redis_url:
+        return RedisRateLimiter(cfg.redis_url, cfg.rate_limit_rpm, cfg.rate_limit_tpm)
+    return RateLimiter(cfg.rate_limit_rpm, cfg.rate_limit_tpm)
+
+
+def _engine_reading(app: FastAPI) -> EngineReading | dict[str, EngineReading] | None:
     state = app.state.server
     if state is None:
         return None
+    if hasattr(state.adapter, "replica_stats"):  # replicas: one reading each, labelled by replica in /metrics
+        return {rid: EngineReading(r.get("running", 0), r.get("waiting", 0), r.get("kv_usage", 0.0),
+                                   r.get("preemptions", 0), r.get("prefix_cache_hits", 0),
+                                   r.get("prefix_cache_queries", 0))
+                for rid, r in state.adapter.replica_stats().items()}
     s = state.adapter.stats()
     return EngineReading(s.running, s.waiting, s.kv_usage, s.preemptions, s.prefix_cache_hits, s.prefix_cache_queries)
 

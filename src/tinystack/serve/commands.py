@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Callable
 
 import typer
 
@@ -29,7 +29,9 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
           log: Annotated[Path | None, Opt(help="Request log (JSONL); default stderr.")] = None,
           log_level: Annotated[str, Opt(help="uvicorn log level")] = "info") -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), /generate,
-    /health, /ready and Prometheus /metrics with uvicorn (gc.freeze() once the model is loaded)."""
+    /health, /ready and Prometheus /metrics with uvicorn (gc.freeze() once the model is loaded).
+    With --replicas N (or --ray-address), the engines run as N Ray Serve replicas and this server is
+    their gateway; run again with another --model against the same cluster for a rolling update."""
     from tinystack.eval.registry import PREFIX, resolve_model
     from tinystack.observe import setup_request_log
     from tinystack.serve import create_app, serve_forever
@@ -39,7 +41,14 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
     if model.startswith(PREFIX) and not scfg.model_name:  # served under its registry name, not "model"
         scfg.model_name = model[len(PREFIX):].partition("@")[0]
     model = resolve_model(model, cfg.run.registry)
-    engine = load_engine(model, cfg.infer, cfg.run.device)
+    if scfg.replicas < 1:
+        raise UserError(f"serve.replicas must be at least 1, got {scfg.replicas}")
+    replicated = scfg.replicas > 1 or bool(scfg.ray_address)
+    if replicated:  # the engines run as Ray Serve replicas; this process is their gateway
+        engine, stop_engine = _replicas(model, cfg)
+    else:
+        engine = load_engine(model, cfg.infer, cfg.run.device)
+        stop_engine = engine.shutdown
     request_log = setup_request_log(log, stream=None if log else sys.stderr, include_text=scfg.log_text)
     typer.echo(f"tinystack serve: {model} on http://{scfg.host}:{scfg.port} ({cfg.run.device})", err=True)
     for section in ("serve", "infer"):
@@ -49,14 +58,32 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
         app = create_app(engine, scfg, request_log=request_log, model_dir=model)
     except (ValueError, ImportError) as e:  # e.g. a malformed key file, or the [otel] extra missing
         request_log.close()
-        engine.shutdown()
+        stop_engine()
         raise UserError(str(e)) from None
     try:
         serve_forever(app, scfg.host, scfg.port, log_level, shutdown_grace_s=scfg.shutdown_grace_s,
                       drain_delay_s=scfg.drain_delay_s)
     finally:
         request_log.close()
-        engine.shutdown()
+        stop_engine()
+
+
+def _replicas(model: str, cfg: Config) -> tuple[object, Callable[[], None]]:
+    """Start or join Ray, deploy (or roll) the replicas, and return the gateway's adapter and its stopper."""
+    try:
+        from tinystack.serve.replicas import deploy
+    except ImportError as e:
+        raise UserError(f"--replicas needs Ray Serve: pip install 'tinystack[dist]' ({e})") from None
+    scfg = cfg.serve
+    started_here = deploy.connect(scfg.ray_address, scfg.replicas, scfg.replica_num_cpus)
+    typer.echo(f"tinystack serve: {scfg.replicas} replica(s) on Ray "
+               f"({'a local cluster' if started_here else scfg.ray_address}), routing {scfg.routing}", err=True)
+    try:
+        handle = deploy.deploy(model, cfg)
+        return deploy.gateway_adapter(handle, model, cfg), lambda: deploy.shutdown(started_here)
+    except Exception:
+        deploy.shutdown(started_here)
+        raise
 
 
 @config_command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from contextvars import ContextVar
 
 from starlette.requests import Request
 
@@ -30,6 +31,19 @@ def new_request_id(incoming: str | None = None) -> str:
 class RequestContext(RequestRecord):
     """What the server knows about one request (tinystack.observe.RequestRecord: id, timing, log
     fields, engine usage, key id, route); the Observer records it once the response is sent."""
+
+
+# The request being served, for code below the routes that has no Request (the replicas' adapter names the
+# replica that served it); set by the middleware in the request's own task, inherited by the tasks it starts.
+_CURRENT: ContextVar[RequestContext | None] = ContextVar("tinystack_request_context", default=None)
+
+
+def current_context() -> RequestContext | None:
+    return _CURRENT.get()
+
+
+def set_current_context(ctx: RequestContext) -> None:
+    _CURRENT.set(ctx)
 
 
 def get_context(request: Request) -> RequestContext | None:

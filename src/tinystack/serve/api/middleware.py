@@ -3,7 +3,7 @@
     request in  -> RequestContext(request_id from x-request-id or uuid4 hex, RequestTiming)
                    timing.mark("arrival"); context stored in scope["state"]
     app runs    -> routes / error handlers fill ctx (fields, usage, finish reasons) and mark points
-    response    -> x-request-id + timing headers (seconds, decimal strings):
+    response    -> x-request-id (+ x-tinystack-replica behind replicas) + timing headers (seconds, decimal strings):
                      x-queue-time, x-inference-time, x-time-to-first-token, x-total-time, x-cost-usd
                    whole answers: "returned" is marked here and every known header is sent;
                    streams (text/event-stream): headers go out with the first token, so only
@@ -32,10 +32,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tinystack.observe.cost import cost_usd
 from tinystack.observe.observer import Observer
 from tinystack.observe.timing import RequestTiming
-from tinystack.serve.api.context import REQUEST_ID_HEADER, STATE_KEY, RequestContext, new_request_id
+from tinystack.serve.api.context import (
+    REQUEST_ID_HEADER,
+    STATE_KEY,
+    RequestContext,
+    new_request_id,
+    set_current_context,
+)
 from tinystack.serve.api.errors import SERVER_ERROR, error_body, unexpected_error_response
 
 GENERATION_ROUTES = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+REPLICA_HEADER = "x-tinystack-replica"
 TIMING_HEADERS = {"x-queue-time": "queue_ms", "x-inference-time": "inference_ms",
                   "x-time-to-first-token": "ttft_ms", "x-total-time": "total_ms"}
 
@@ -72,6 +79,7 @@ class RequestContextMiddleware:
                 break
         ctx = RequestContext(new_request_id(incoming), timing)
         scope.setdefault("state", {})[STATE_KEY] = ctx
+        set_current_context(ctx)
         streaming = False
         price = self.observer.price if self.observer is not None else 0.0
 
@@ -86,6 +94,8 @@ class RequestContextMiddleware:
                     for key, value in timing_headers(ctx, price).items():
                         headers[key] = value
                 headers[REQUEST_ID_HEADER] = ctx.request_id
+                if ctx.fields.get("replica"):  # served by replicas (serve/replicas): which one(s)
+                    headers[REPLICA_HEADER] = ctx.fields["replica"]
             elif message["type"] == "http.response.body" and streaming and not message.get("more_body", False):
                 ctx.mark_returned()
             await send(message)

@@ -158,3 +158,5 @@ class HealthResponse(BaseModel):
     max_num_seqs: int
     max_seq_len: int
     draining: bool
+    replicas_up: int | None = None  # engine replicas up / asked for (serve/replicas); None: one process
+    replicas_total: int | None = None

@@ -51,6 +51,8 @@ def health(state: ServerState) -> tuple[HealthResponse, int]:
                           kv_bytes_in_use=s.kv_bytes_in_use, breaker=state.breaker.state,
                           engine_restarts=a.restarts, max_num_seqs=s.max_num_seqs, max_seq_len=a.max_seq_len,
                           draining=state.draining)
+    if hasattr(a, "replicas_up"):  # behind the gateway: Ray Serve replaces lost replicas; say how many are up
+        body.replicas_up, body.replicas_total = a.replicas_up(), a.replicas
     return body, 200 if status == "ok" else 503
 
 

@@ -13,11 +13,13 @@
     adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer; encode applies
                                                  the engine's prompt rules (PromptError)
 
-The implementation, built by `make_adapter`:
+The implementations, chosen by `make_adapter`:
 
     tinystack.infer.AsyncEngine  -> AsyncEngineAdapter (async_adapter.py): continuous batching
                                     (or the dynamic batcher; max_num_seqs=1 is unbatched) over the
                                     engine's KV cache, one engine thread
+    ReplicaAdapter               -> itself (serve/replicas/adapter.py): N engine replicas on Ray Serve,
+                                    this server being their gateway
 """
 from __future__ import annotations
 
@@ -39,6 +41,15 @@ class RequestRejected(ValueError):
 
 class EngineDead(RuntimeError):
     """The engine loop is not running (it died, or was stopped); the watchdog restarts it."""
+
+
+class ReplicaLost(EngineDead):
+    """The replica running this request died after it had sent tokens (serve/replicas): the request fails
+    (503, or an error event in a stream), but the other replicas are fine, so the breaker is not told."""
+
+
+class EngineBusy(RuntimeError):
+    """Every engine replica is at capacity (serve/replicas): the client's 429 with Retry-After, not a failure."""
 
 
 @dataclass(frozen=True)
@@ -99,10 +110,13 @@ def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") ->
 
 
 def make_adapter(engine: Any) -> EngineAdapter:
-    """The adapter for `engine`, a tinystack.infer.AsyncEngine (it keeps its own max_num_seqs)."""
+    """The adapter for `engine`, a tinystack.infer.AsyncEngine (it keeps its own max_num_seqs), or the
+    replicas' adapter as it is."""
     from tinystack.infer import AsyncEngine
     from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
 
+    if type(engine).__name__ == "ReplicaAdapter":  # by name: serve/replicas imports Ray, which is optional
+        return engine
     if not isinstance(engine, AsyncEngine):
         raise TypeError(f"serve needs a tinystack.infer.AsyncEngine, got {type(engine).__name__}")
     return AsyncEngineAdapter(engine)

@@ -11,6 +11,9 @@
     deadline passed       -> every choice aborted, ApiError 504
     engine raised/stalled -> every choice aborted, breaker.record_failure(),
                              Fallback(text) if cfg.fallback_text else ApiError 503
+    every replica full    -> (EngineBusy, serve/replicas) every choice aborted, ApiError 429 + Retry-After
+    its replica was lost  -> (ReplicaLost, serve/replicas) every choice aborted, ApiError 503; not a
+                             breaker failure: the other replicas are well
     client went away      -> the caller cancels the task: every choice aborted
     shutdown grace over   -> every choice aborted, ApiError 503 server_shutting_down (state.cut)
     success               -> breaker.record_success()
@@ -27,6 +30,7 @@ from typing import AsyncIterator
 from tinystack.observe.usage import RequestUsage
 from tinystack.serve.api.errors import SERVER_ERROR, TIMEOUT, ApiError
 from tinystack.serve.api.requests import Prepared
+from tinystack.serve.engine.adapter import EngineBusy, ReplicaLost
 from tinystack.serve.engine.generation import (
     DeadlineExceeded,
     Delta,
@@ -116,6 +120,13 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
         raise shutting_down(f"its grace period of {cfg.shutdown_grace_s:g} s ran out before this request finished",
                             "aborted") from None
     except (EngineFailed, EngineStalled) as e:
+        if isinstance(e.__cause__, EngineBusy):  # every replica full: load to shed, not an engine failure
+            state.count("rejected_429")
+            raise ApiError(429, "every replica is at capacity; retry shortly", "server_overloaded",
+                           "rate_limit_error", headers={"Retry-After": "1"}) from None
+        if isinstance(e.__cause__, ReplicaLost):  # one replica died; Ray Serve replaces it, the rest serve on
+            state.count("replica_lost")
+            raise _unavailable(state, "the replica serving it was lost") from None
         settled = True
         state.breaker.record_failure()
         state.count("engine_failures")

@@ -61,10 +61,13 @@ function sparkline(id, series, label) {
 
 function update(m, now) {
   const gauge = (key) => total(m, METRICS[key].name);
-  const running = gauge("running"), waiting = gauge("waiting"), kv = gauge("kvUsage");
+  const running = gauge("running"), waiting = gauge("waiting");
+  const kvs = Object.values(byLabel(m, METRICS.kvUsage.name, "replica"));  // one per replica, or one
+  const kv = kvs.length ? kvs.reduce((a, b) => a + b, 0) / kvs.length : null;
   set("running", fmt(running, 0));
   set("waiting", fmt(waiting, 0));
   set("kv", kv === null ? DASH : fmt(100 * kv, 1));
+  replicas(m);
 
   const hists = Object.fromEntries(["batchSize", "e2eLatency", "ttft"].map((k) => [k, histogram(m, METRICS[k].name)]));
   const batch = recent(hists.batchSize, prev && prev.hists.batchSize);
@@ -103,6 +106,23 @@ function update(m, now) {
   sparkline("spark-p50", history.p50, fmtMs);
   prev = { t: now, tokens, hists };
   return Object.values(METRICS).filter((d) => hasMetric(m, d.name)).length;  // how many are exposed
+}
+
+/** Behind the gateway (serve/replicas) the engine gauges carry a `replica` label: one row per replica. */
+function replicas(m) {
+  const run = byLabel(m, METRICS.running.name, "replica");
+  const ids = Object.keys(run).filter((id) => id !== "").sort();
+  $("replicas").hidden = ids.length === 0;
+  if (!ids.length) return;
+  const wait = byLabel(m, METRICS.waiting.name, "replica"), kv = byLabel(m, METRICS.kvUsage.name, "replica");
+  const cell = (text) => { const td = document.createElement("td"); td.textContent = text; return td; };
+  $("replicas-rows").replaceChildren(...ids.map((id) => {
+    const tr = document.createElement("tr");
+    tr.append(cell(id), cell(fmt(run[id], 0)), cell(fmt(wait[id] ?? null, 0)),
+              cell(kv[id] === undefined ? DASH : `${fmt(100 * kv[id], 1)} %`));
+    return tr;
+  }));
+  set("replicas-note", `${ids.length} up \u00b7 load = running + waiting`);
 }
 
 function status(state, text) {

@@ -1,0 +1,191 @@
+"""`ReplicaAdapter`: the EngineAdapter (serve/engine/adapter.py) of the gateway, whose engine is N replicas.
+
+The gateway is the ordinary FastAPI app (serve/app.py) built over this adapter, so validation, auth,
+rate limits, errors, streaming and observability are the single-process server's own code. Only
+the engine calls change:
+
+    encode / decode            the model's tokenizer, loaded here, with the engine's prompt rules
+    stream(id, ids, params)    -> handle.options(stream=True).generate.remote(..., prefix=hashes)
+                                  (Ray Serve routes it with router.py) -> TokenEvents; the replica
+                                  that serves it goes into the request's log fields (`replica`),
+                                  which the middleware also sends as the x-tinystack-replica header
+        replica died / went away before the first token   -> sent again (another replica), up to
+                                                              `retries` times: nothing was lost
+        ... after tokens were sent                         -> ReplicaLost: 503, or in a stream an
+                                                              error event (execution.py); the
+                                                              breaker is not told (one replica)
+        every replica full (Serve's queue bound)           -> EngineBusy: 429 with Retry-After
+    abort(id)                  closing the stream cancels the call; the replica aborts the sequence
+    stats(), replica_stats()   summed / per replica, from the replicas' routing stats (router.py)
+    is_alive()                 at least one replica is up; Ray Serve replaces dead ones itself,
+                               so restart() only counts (the watchdog calls it when none is up)
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from tinystack.infer.llm_engine import LLMEngine
+from tinystack.infer.sampler import SamplingParams
+from tinystack.observe.usage import SequenceUsage
+from tinystack.serve.api.context import current_context
+from tinystack.serve.engine.adapter import (
+    EngineBusy,
+    EngineDead,
+    EngineStats,
+    ReplicaLost,
+    RequestRejected,
+    TokenEvent,
+    UsageCallback,
+)
+from tinystack.serve.replicas.registry import live_routers
+from tinystack.serve.replicas.routing import prompt_block_hashes
+
+logger = logging.getLogger("tinystack.serve")
+RETRY_PAUSE_S = 0.2  # before sending a request again: Serve needs a moment to drop a dead replica
+
+
+def _lost_replica(e: BaseException) -> bool:
+    """The replica died or is unreachable (as opposed to an error in our own code on it)."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    return isinstance(e, (RayActorError, ActorUnavailableError))
+
+
+class ReplicaAdapter:
+    def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str, retries: int = 3) -> None:
+        from tinystack.tokenizer import load_tokenizer
+
+        self.handle = handle
+        self._streaming = handle.options(stream=True)  # made once: options() builds a new handle each call
+        self.app_name = app_name
+        self.replicas = replicas
+        self.retries = retries
+        self.tokenizer = load_tokenizer(model_dir)
+        self.eos_token_id: int | None = getattr(self.tokenizer, "eos_token_id", None)
+        info = handle.info.remote().result(timeout_s=120)  # also starts this handle's router
+        self.max_seq_len: int = int(info["max_seq_len"])
+        self.block_size: int = int(info["block_size"])
+        self.max_num_seqs: int = int(info["max_num_seqs"]) * replicas  # the gate's share: all replicas
+        self.restarts = 0
+        self.resent = 0  # requests sent again after their replica was lost
+        self.cut = 0  # streams cut by a lost replica
+
+    # ---------------------------------------------------------------- text
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        # the engine's prompt rules live on LLMEngine.encode_prompt; it needs only .tokenizer and .max_seq_len
+        return LLMEngine.encode_prompt(self, prompt)  # type: ignore[arg-type]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    # ---------------------------------------------------------------- replicas
+    def replica_stats(self) -> dict[str, dict[str, Any]]:
+        """Replica id -> its routing stats, for every replica up (as this gateway's router sees them)."""
+        out: dict[str, dict[str, Any]] = {}
+        for router in live_routers():
+            if router.app_name == self.app_name:
+                out.update(router.replica_stats())
+        return out
+
+    def replicas_up(self) -> int:
+        return sum(1 for s in self.replica_stats().values() if s.get("alive", True))
+
+    def stats(self) -> EngineStats:
+        per = self.replica_stats().values()
+        ended: dict[str, int] = {}
+        for s in per:
+            for k, v in (s.get("ended") or {}).items():
+                ended[k] = ended.get(k, 0) + v
+        used = [s.get("kv_usage", 0.0) for s in per]
+        return EngineStats(sum(s.get("running", 0) for s in per), sum(s.get("waiting", 0) for s in per),
+                           sum(s.get("kv_bytes_in_use", 0) for s in per), self.max_num_seqs,
+                           kv_usage=sum(used) / max(1, len(used)),
+                           preemptions=sum(s.get("preemptions", 0) for s in per),
+                           prefix_cache_hits=sum(s.get("prefix_cache_hits", 0) for s in per),
+                           prefix_cache_queries=sum(s.get("prefix_cache_queries", 0) for s in per), ended=ended)
+
+    # ---------------------------------------------------------------- lifecycle
+    def is_alive(self) -> bool:
+        return self.replicas_up() > 0
+
+    def last_step_age_s(self) -> float:
+        return 0.0  # each replica's engine is watched by Serve's health check (replica.check_health)
+
+    def add_step_listener(self, listener: Callable[[Any], None]) -> Callable[[], None]:
+        return lambda: None  # engine steps happen in the replicas (their batch sizes are not seen here)
+
+    def kill(self, reason: str = "") -> None:
+        """Nothing to stop here: the replicas belong to Ray Serve."""
+
+    def restart(self) -> None:
+        self.restarts += 1  # Ray Serve replaces dead replicas; the watchdog's call is only counted
+
+    def close(self) -> None:
+        """The gateway stops; the replicas keep running until the deployment is deleted (deploy.py)."""
+
+    def abort(self, request_id: str) -> None:
+        """Closing the stream (the generation's finally does) cancels the call on the replica."""
+
+    # ---------------------------------------------------------------- requests
+    async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                     on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]:
+        from ray.serve.exceptions import BackPressureError
+
+        hashes = prompt_block_hashes(prompt_ids, self.block_size)
+        sent_tokens = 0
+        usage: SequenceUsage | None = None
+        try:
+            for attempt in range(self.retries + 1):
+                call = self._streaming.generate.remote(request_id, list(prompt_ids), params, prefix=hashes)
+                try:
+                    async for batch in call:
+                        for item in batch:
+                            if isinstance(item, TokenEvent):
+                                sent_tokens += 1
+                                yield item
+                            elif isinstance(item, SequenceUsage):
+                                usage = item
+                            elif item[0] == "replica":
+                                _note_replica(item[1])
+                            elif item[0] == "rejected":
+                                raise RequestRejected(item[1])
+                            elif item[0] == "dead":
+                                raise EngineDead(item[1])
+                    return
+                except BackPressureError:
+                    raise EngineBusy("every replica is at capacity") from None
+                except (EngineDead, Exception) as e:
+                    if not (isinstance(e, EngineDead) or _lost_replica(e)):
+                        raise
+                    if sent_tokens:
+                        self.cut += 1
+                        raise ReplicaLost(f"the replica serving this request was lost: {e}") from None
+                    if attempt == self.retries:
+                        raise EngineDead(f"no replica could serve this request: {e}") from None
+                    self.resent += 1
+                    logger.warning("replica lost before the first token of %s; sending it again", request_id)
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                finally:
+                    call.cancel()  # a no-op once finished; else the replica aborts the sequence
+        finally:
+            if on_usage is not None:
+                on_usage(usage or SequenceUsage(request_id, len(prompt_ids), sent_tokens, None))
+
+
+def _note_replica(replica_id: str) -> None:
+    """Put the serving replica in the request's log fields (the middleware sends it as a header)."""
+    ctx = current_context()
+    if ctx is None:
+        return
+    seen = ctx.fields.get("replica")
+    if not seen:
+        ctx.fields["replica"] = replica_id
+    elif replica_id not in seen.split(","):
+        ctx.fields["replica"] = f"{seen},{replica_id}"

@@ -1,0 +1,90 @@
+"""Start or join a Ray cluster and run the engine replicas as a Ray Serve deployment.
+
+    connect(ray_address, replicas, replica_num_cpus)   "" starts a local cluster sized for the replicas
+                                                       (at least this machine's cores); "auto" or an
+                                                       address joins a running one (`ray start --head`)
+    deploy(model_dir, cfg) -> DeploymentHandle        serve.run of the "engine" deployment: N x
+                                                       EngineReplica (replica.py), routed by router.py
+                                                       and health-checked every second. Run against a
+                                                       deployment that is already up (another model, other
+                                                       settings), it is Ray Serve's rolling update: the
+                                                       replicas are replaced a few at a time (one of two),
+                                                       each old one finishing its in-flight requests first
+    gateway_adapter(handle, model_dir, cfg)           the gateway's engine adapter (adapter.py)
+    shutdown(started_here)                            if this process started the (local) cluster: stop
+                                                       Serve and Ray; a joined cluster keeps its replicas
+                                                       (other gateways, the next rolling update use them)
+
+Serve's HTTP proxy is not started: the gateway (the ordinary app, serve/app.py) is the only way in.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tinystack.config import Config
+
+logger = logging.getLogger("tinystack.serve")
+APP_NAME = "tinystack"
+DEPLOYMENT = "engine"
+
+
+def connect(ray_address: str, replicas: int, replica_num_cpus: float) -> bool:
+    """Connect this process to Ray; True when it started the (local) cluster itself."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if ray_address:
+        ray.init(address=ray_address, log_to_driver=False)
+        return False
+    cpus = max(os.cpu_count() or 1, int(replicas * replica_num_cpus + 0.999))
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    return True
+
+
+def deploy(model_dir: str | Path, cfg: Config) -> Any:
+    """Run (or roll to) the engine deployment for `model_dir`; returns its handle (module docstring)."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from tinystack.serve.replicas.replica import EngineReplica
+    from tinystack.serve.replicas.router import ROUTING_STATS_PERIOD_S, ReplicaRouter
+
+    s = cfg.serve
+    serve.start(proxy_location="Disabled")
+    threads = max(1, int(s.replica_num_cpus))
+    deployment = serve.deployment(EngineReplica).options(
+        name=DEPLOYMENT, num_replicas=s.replicas,
+        # each replica's bounded queue: what its engine runs plus what may wait for it, as one server's gate
+        max_ongoing_requests=cfg.infer.max_num_seqs + s.max_queued_requests,
+        max_queued_requests=s.max_queued_requests,  # waiting in the gateway for a replica: bounded too (429)
+        ray_actor_options={"num_cpus": s.replica_num_cpus},
+        health_check_period_s=1.0, health_check_timeout_s=30.0,
+        graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=max(1.0, s.shutdown_grace_s),
+        request_router_config=RequestRouterConfig(
+            request_router_class=f"{ReplicaRouter.__module__}.{ReplicaRouter.__qualname__}",  # by name: imported here
+            request_router_kwargs={"policy": s.routing, "overload": s.prefix_overload},
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S, request_routing_stats_timeout_s=5.0))
+    app = deployment.bind(str(model_dir), asdict(cfg.infer), cfg.run.device, threads)
+    logger.info("deploying %d replica(s) of %s", s.replicas, model_dir)
+    return serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
+
+
+def gateway_adapter(handle: Any, model_dir: str | Path, cfg: Config) -> Any:
+    from tinystack.serve.replicas.adapter import ReplicaAdapter
+
+    return ReplicaAdapter(handle, model_dir, replicas=cfg.serve.replicas, app_name=APP_NAME)
+
+
+def shutdown(started_here: bool) -> None:
+    """Stop Serve and Ray when this process started the cluster; leave a joined cluster as it is."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    if started_here:  # the gateway has drained: stopping the cluster ends the replicas (no Serve teardown)
+        ray.shutdown()
