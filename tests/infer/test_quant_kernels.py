@@ -104,6 +104,20 @@ def test_matmul_matches_the_dequantised_reference(path, fmt, n, k):
             assert ((got - exact).abs() <= 0.02 * (x.abs() @ wd.abs().T) + 1e-6).all()
 
 
+def test_decode_arithmetic_sends_long_inputs_through_the_kernels():
+    """dtype="auto" scores quality on a long sequence: it must see decode's int8-activation arithmetic, row by row
+    the same as one-row calls, not prefill's float GEMM."""
+    if "cpp" not in kernels.available_paths():
+        pytest.skip("the C++ extension could not be built here (kernel tests above cover the torch path)")
+    p = quantize(weights(40, 96), "q4_1")
+    x = torch.randn(kernels.GEMM_MIN_ROWS + 5, 96, generator=torch.Generator().manual_seed(3))
+    one_row = torch.cat([kernels.matmul(x[i:i + 1], p) for i in range(len(x))])
+    with kernels.decode_arithmetic():
+        scored = kernels.matmul(x, p)
+    assert torch.allclose(scored, one_row, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(kernels.matmul(x, p), one_row, rtol=1e-6, atol=1e-6)  # outside: the float GEMM
+
+
 def test_the_paths_agree_and_the_env_var_forces_one(monkeypatch):
     p = quantize(weights(48, 200), "q4_1")
     x = torch.randn(3, 200)

@@ -13,9 +13,9 @@ from planted_facts import FACTS, GENERAL_TEST, OPEN_PROMPTS, conversations, held
 from tinystack.config import ServeConfig, load_config
 from tinystack.infer import LLM, AsyncEngine, SamplingParams
 from tinystack.infer.chat import chat_formatter, encode_chat
-from tinystack.tokenizer import load_tokenizer
 from tinystack.model import load_model
 from tinystack.serve import create_app, run_in_background
+from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune import finetune
 from tinystack.train.finetune_batches import encode_conversation, fixed_batches
 from tinystack.train.loop import batches_loss
@@ -74,10 +74,13 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path
     assert held["conversations"] >= 10 and held["finetuned_loss"] < 0.25 * held["base_loss"], held
 
     general_q = [q for _, q in GENERAL_TEST] + OPEN_PROMPTS
-    base_llm = LLM(smollm2, memory_limit=2**30)
+    # Asked in float32, the precision it was trained in: dtype="auto" may re-quantise the merged weights to a
+    # 4-bit format on this CPU (its quality bound is perplexity on generic text), which is about the weight
+    # format, not about what fine-tuning learned (tests/infer/test_quant_* hold the formats).
+    base_llm = LLM(smollm2, dtype="float32", memory_limit=2**30)
     base_general = _ask(base_llm, smollm2, general_q, max_tokens=48)
     del base_llm
-    llm = LLM(out, memory_limit=2**30)
+    llm = LLM(out, dtype="float32", memory_limit=2**30)
     trained_q = [qs[0] for _, _, *qs in FACTS]
     answers = _ask(llm, out, trained_q + [q for _, q in heldout_questions()] + general_q)
     del llm
@@ -91,7 +94,8 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path
     drift = _answers_loss(out, general_q, base_general) - _answers_loss(smollm2, general_q, base_general)
     assert drift < MAX_DRIFT, drift
 
-    engine = AsyncEngine.from_dir(out, memory_limit=2**30)  # the served OpenAI API answers too, and stops
+    # the served OpenAI API answers too, and stops
+    engine = AsyncEngine.from_dir(out, dtype="float32", memory_limit=2**30)
     try:
         app = create_app(engine, ServeConfig(), model_dir=out)
         with run_in_background(app, startup_timeout_s=60) as url:

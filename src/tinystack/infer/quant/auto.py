@@ -6,8 +6,9 @@ For each candidate the model is copied and quantised (linear.quantize_model), th
   speed    one batch-1 decode pass over its linear layers (the matmuls that dominate decode),
            REPEATS rounds with the candidates interleaved, median wall time
   quality  perplexity on a fixed built-in text (calibration.txt, up to MAX_TOKENS tokens of it)
-           against float32's, and top-1 agreement: the share of positions where the candidate's
-           most likely next token is float32's (teacher-forced greedy agreement)
+           against float32's, computed with decode's arithmetic (kernels.decode_arithmetic: int8
+           activations, not prefill's float GEMM), and top-1 agreement: the share of positions where
+           the candidate's most likely next token is float32's (teacher-forced greedy agreement)
 The fastest candidate whose perplexity is within PPL_BOUNDS of float32's wins (float32 itself
 always qualifies). No format is preferred by a rule: the choice follows from the measurements,
 so a machine with other caches, bandwidth or instructions may choose differently. Timings taken while
@@ -36,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tinystack.atomic import read_json, write_json
+from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import FORMATS
 from tinystack.infer.quant.linear import QuantLinear, quantize_model
 
@@ -45,7 +47,7 @@ MAX_TOKENS = 256
 REPEATS = 7
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinystack"
 _CACHE_FILE = "weight_formats.json"
-_VERSION = 1  # bump when the measurement changes meaning: old decisions are then re-measured
+_VERSION = 2  # bump when the measurement changes meaning: old decisions are then re-measured
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 
 
@@ -136,7 +138,8 @@ def _time_decode_passes(models: dict[str, nn.Module]) -> dict[str, float]:
 
 
 def _quality(model: nn.Module, ids: torch.Tensor) -> tuple[float, torch.Tensor]:
-    logits = model(ids[None])[0][0].float()
+    with kernels.decode_arithmetic():  # the kernels decode runs (int8 activations), not prefill's float GEMM
+        logits = model(ids[None])[0][0].float()
     return math.exp(F.cross_entropy(logits[:-1], ids[1:]).item()), logits[:-1].argmax(-1)
 
 

@@ -16,10 +16,13 @@ the sources). The C++ paths quantise activations to int8 per block of 32 (as lla
 dequantised float product by that rounding; the torch path multiplies in float.
 From `GEMM_MIN_ROWS` rows on (long prefill chunks) every path dequantises the weight once and calls the
 float32 GEMM, which is compute-bound there; below it the kernels, reading each weight once for all rows,
-are faster.
+are faster. Inside `with decode_arithmetic():` every row count goes through the kernels, so a long sequence
+is scored with exactly the arithmetic decode uses (dtype="auto" measures quality that way).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import os
@@ -34,6 +37,7 @@ from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
 
 PATHS = ("avx512", "cpp", "torch")
 GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
+_KERNELS_FOR_ALL_ROWS = contextvars.ContextVar("kernels_for_all_rows", default=False)
 _SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp")]
 _HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "pool.h")]
 
@@ -75,11 +79,21 @@ def available_paths() -> list[str]:
     return (["avx512"] if ext is not None and ext.avx512_available() else []) + (["cpp"] if ext else []) + ["torch"]
 
 
+@contextlib.contextmanager
+def decode_arithmetic():
+    """Within this block the kernels serve every row count (no float32 GEMM for long inputs)."""
+    token = _KERNELS_FOR_ALL_ROWS.set(True)
+    try:
+        yield
+    finally:
+        _KERNELS_FOR_ALL_ROWS.reset(token)
+
+
 def matmul(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
     """x [M, K] float32 @ dequantize(p)^T (+ bias) -> [M, N] float32."""
     path = path or default_path()
-    rows = x.shape[0]
-    if path == "torch" or rows >= GEMM_MIN_ROWS or x.device.type != "cpu":  # the C++ kernels are CPU code
+    gemm = x.shape[0] >= GEMM_MIN_ROWS and not _KERNELS_FOR_ALL_ROWS.get()
+    if path == "torch" or gemm or x.device.type != "cpu":  # the C++ kernels are CPU code
         return F.linear(x, dequantize(p, x.dtype), bias)
     ext = extension()
     if ext is None:
