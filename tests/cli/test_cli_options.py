@@ -40,7 +40,8 @@ COMMANDS = list(_commands(typer.main.get_command(app)))
 def test_the_walk_finds_every_command():
     names = {" ".join(p) for p, _ in COMMANDS}
     assert names == {"run", "data corpus", "data normalize", "data filter", "data dedup", "data split", "data prepare",
-                     "model import", "tokenizer train", "train", "finetune", "eval", "eval regress", "models list", "models show",
+                     "model import", "tokenizer train", "train", "finetune", "eval", "eval regress", "models list",
+                     "models show",
                      "models promote", "models rollback", "generate", "serve", "cost", "hash-key", "bench kv",
                      "bench serve"}
 

@@ -58,7 +58,7 @@ def test_abort_frees_every_block_and_ends_the_stream(aengine):
                 aengine.abort("long")
             if d.finished:
                 assert d.finish_reason == "abort" and d.output.finish_reason == "abort"
-        async for d in other:
+        async for _ in other:
             pass
         return got, d
 

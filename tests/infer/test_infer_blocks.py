@@ -65,7 +65,8 @@ def test_random_interleavings_leak_nothing_and_lose_nothing(model):
             prompt = rng.choice(prefixes) + [rng.randrange(3, 211) for _ in range(rng.randrange(1, 20))]
             rid = f"r{n}"
             n += 1
-            engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=rng.randrange(1, 25), ignore_eos=True))
+            params = SamplingParams(temperature=0, max_tokens=rng.randrange(1, 25), ignore_eos=True)
+            engine.add_request(rid, prompt, params)
             live.add(rid)
             prompts[rid] = prompt
         elif op < 0.32 and live:
@@ -95,7 +96,8 @@ def test_random_interleavings_leak_nothing_and_lose_nothing(model):
     finished = [r for r in results.values() if r.finish_reason != "abort"]
     assert len(finished) + len(aborted) == n
     for r in finished[:12]:
-        ref_engine.add_request(r.request_id, prompts[r.request_id], SamplingParams(temperature=0, max_tokens=len(r.token_ids), ignore_eos=True))
+        params = SamplingParams(temperature=0, max_tokens=len(r.token_ids), ignore_eos=True)
+        ref_engine.add_request(r.request_id, prompts[r.request_id], params)
         while ref_engine.has_unfinished():
             for d in ref_engine.step():
                 if d.finished:

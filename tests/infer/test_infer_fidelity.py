@@ -94,7 +94,8 @@ def test_per_request_seed_reproduces_regardless_of_batch(family):
     sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=1234, ignore_eos=True)
     alone = _llm(model).generate([target], sampled)[0].token_ids
     others = random_prompts([3, 40, 25], seed=6)
-    mixed_params = [SamplingParams(temperature=0, max_tokens=10), SamplingParams(temperature=0.7, seed=9, max_tokens=30),
+    mixed_params = [SamplingParams(temperature=0, max_tokens=10),
+                    SamplingParams(temperature=0.7, seed=9, max_tokens=30),
                     sampled, SamplingParams(temperature=1.3, top_k=5, max_tokens=5)]
     batch = _llm(model, max_num_batched_tokens=8).generate([others[0], others[1], target, others[2]], mixed_params)
     assert batch[2].token_ids == alone, kind

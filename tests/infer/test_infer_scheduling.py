@@ -38,7 +38,7 @@ def test_long_prompt_is_chunked_and_running_decodes_keep_going(model):
         for s, n in batch:
             s.num_computed += n
             engine.block_manager.commit(s)
-        for s, n in batch:
+        for s, _ in batch:
             if s.num_computed == s.num_tokens:
                 s.token_ids.append(int(logits[[x for x, _ in batch].index(s)].argmax()))
     assert sum(chunks) == 100 and max(chunks) == 9  # 10-token budget minus the decode's one

@@ -7,8 +7,7 @@ import socket
 
 import httpx
 import pytest
-from serve_helpers import FaultyModel, tiny_gpt
-from serve_helpers import PROMPT, wait_for
+from serve_helpers import PROMPT, FaultyModel, tiny_gpt, wait_for
 
 from tinystack.infer import AsyncEngine, LLMEngine
 

@@ -7,7 +7,6 @@ that restarts a dead loop, and no crash or 500 anywhere.
 import time
 
 import httpx
-
 from serve_helpers import PROMPT, wait_for
 
 

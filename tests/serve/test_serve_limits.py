@@ -4,7 +4,6 @@ import threading
 import time
 
 import httpx
-
 from serve_helpers import PROMPT, wait_for
 
 

@@ -36,7 +36,8 @@ def test_log_line_has_timing_tokens_cost_and_key_id_but_no_key_or_prompt(serve, 
     assert line["status"] == 200 and line["failure"] is None and line["completion_tokens"] == 4
     for name in ("queue_ms", "prefill_ms", "decode_ms", "ttft_ms", "tpot_ms", "total_ms"):
         assert line[name] >= 0
-    assert float(r.headers["x-queue-time"]) * 1e3 == pytest.approx(line["queue_ms"], abs=0.01)  # same value, seconds vs ms
+    # the same value, in seconds vs ms
+    assert float(r.headers["x-queue-time"]) * 1e3 == pytest.approx(line["queue_ms"], abs=0.01)
     assert line["device_s"] > 0 and line["cost_usd"] > 0 and line["cost_per_1k_tokens"] > 0
     assert any(row["status"] == 401 and row["key_id"] == "anonymous" for row in rows)
 

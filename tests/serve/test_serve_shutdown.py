@@ -15,8 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from serve_helpers import FaultyModel, tiny_gpt
-from serve_helpers import PROMPT, wait_for
+from serve_helpers import PROMPT, FaultyModel, tiny_gpt, wait_for
 
 from tinystack.config import ServeConfig
 from tinystack.infer import AsyncEngine, LLMEngine

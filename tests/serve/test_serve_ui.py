@@ -11,10 +11,9 @@ from __future__ import annotations
 import re
 
 import httpx
+from serve_helpers import PROMPT
 
 from tinystack.serve.ui.pages import STATIC_DIR
-
-from serve_helpers import PROMPT
 
 METRICS_BLOCK = re.compile(r"export const METRICS = \{(.*?)\n\};", re.S)
 METRIC_ENTRY = re.compile(r'(\w+):\s*\{\s*name:\s*"([a-zA-Z_:][a-zA-Z0-9_:]*)",\s*type:\s*"(\w+)"\s*\}')
@@ -26,7 +25,8 @@ def dashboard_metrics() -> dict[str, tuple[str, str]]:
     block = METRICS_BLOCK.search((STATIC_DIR / "dashboard.js").read_text(encoding="utf-8"))
     assert block, "dashboard.js has no `export const METRICS = {...};` block"
     entries = {key: (name, kind) for key, name, kind in METRIC_ENTRY.findall(block.group(1))}
-    assert len(entries) == block.group(1).count("name:"), "an entry of METRICS is not `key: { name: \"..\", type: \"..\" }`"
+    assert len(entries) == block.group(1).count("name:"), \
+        "an entry of METRICS is not `key: { name: \"..\", type: \"..\" }`"
     return entries
 
 
@@ -42,7 +42,8 @@ def test_pages_and_assets_are_served_without_a_key(serve, engine, monkeypatch):
         for name in ("ui.js", "ui.css", "playground.js", "dashboard.js", "prom.js", "timing.js"):
             r = c.get(f"/ui/{name}")
             assert r.status_code == 200, name
-            assert r.headers["content-type"].split(";")[0] == ("text/css" if name.endswith(".css") else "text/javascript")
+            want = "text/css" if name.endswith(".css") else "text/javascript"
+            assert r.headers["content-type"].split(";")[0] == want
             assert r.text == (STATIC_DIR / name).read_text(encoding="utf-8")
         # only plain .js/.css names from the static folder: no traversal, no other files
         for bad in ("/ui/nothing.js", "/ui/playground.html", "/ui/..%2Fui.py", "/ui/%2E%2E%2Fapp.py"):

@@ -22,7 +22,6 @@ from typing import Iterator
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
-
 from serve_helpers import PROMPT
 
 CHROMIUM = os.environ.get("TINYSTACK_CHROMIUM", "/usr/bin/chromium")

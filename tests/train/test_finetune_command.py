@@ -66,7 +66,8 @@ def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora)
     lineage = json.loads((out / "tinystack.json").read_text())["finetune"]
     assert lineage["base_model"] == str(base) and lineage["config"]["lora"] == lora
     llm = LLM(out, memory_limit=2**26)  # the engine serves it like any model directory
-    prompt = encode_chat(llm.tokenizer, chat_formatter(out, llm.tokenizer).render([{"role": "user", "content": "who?"}]))
+    rendered = chat_formatter(out, llm.tokenizer).render([{"role": "user", "content": "who?"}])
+    prompt = encode_chat(llm.tokenizer, rendered)
     assert llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0))[0].finish_reason in ("stop", "length")
 
 

@@ -11,8 +11,8 @@ from finetune_helpers import WORDS, model_dir, qa, write_jsonl
 from tinystack.config import DataConfig
 from tinystack.data.io.rejects import Rejects
 from tinystack.infer.chat import ChatFormatter, chat_formatter, encode_chat
-from tinystack.tokenizer import load_tokenizer
 from tinystack.model import load_model
+from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune_batches import ConversationBatches, encode_conversation, fixed_batches, pad_batch
 from tinystack.train.finetune_data import ConversationError, conversation_messages, prepare_conversations
 from tinystack.train.loop import IGNORE_INDEX, batches_loss

@@ -35,14 +35,16 @@ def _run(cmd: list[str], tmp: Path) -> None:
 def test_one_ddp_step_on_2_processes_equals_one_step_on_the_combined_batch(tmp_path):
     tok_dir = _token_dir(tmp_path)
     common = ["--tokens", str(tok_dir), "--set", "model.n_layer=1", "--set", "model.n_head=2",
-              "--set", "model.n_embd=16", "--set", "model.block_size=8", "--set", "train.max_iters=1", "--set", "train.dtype=float64",
+              "--set", "model.n_embd=16", "--set", "model.block_size=8", "--set", "train.max_iters=1",
+              "--set", "train.dtype=float64",
               "--set", "train.warmup_iters=0", "--set", "train.eval_interval=100", "--set", "train.eval_iters=1",
               "--set", "train.plot=false", "--set", "train.seed=0", "--set", "train.learning_rate=0.01"]
     _run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "tinystack", "train", *common,
           "--out", str(tmp_path / "ddp"), "--set", "train.batch_size=4"], tmp_path)
     _run([sys.executable, "-m", "tinystack", "train", *common, "--out", str(tmp_path / "single"),
           "--set", "train.batch_size=8"], tmp_path)
-    ddp, single = load_file(str(tmp_path / "ddp/model.safetensors")), load_file(str(tmp_path / "single/model.safetensors"))
+    ddp = load_file(str(tmp_path / "ddp/model.safetensors"))
+    single = load_file(str(tmp_path / "single/model.safetensors"))
     assert ddp.keys() == single.keys()
     for name in ddp:
         # float64 training (saved as float32): Adam's first step is ~lr * sign(g), so a gradient that is pure

@@ -7,10 +7,10 @@ import torch
 
 from tinystack.config import load_config
 from tinystack.model.io import load_model
-from tinystack.tokenizer.stage import stage_tokenizer
-from tinystack.train.stage import stage_train
 from tinystack.tokenizer import CharTokenizer, load_tokenizer
 from tinystack.tokenizer.shards import load_tokens
+from tinystack.tokenizer.stage import stage_tokenizer
+from tinystack.train.stage import stage_train
 
 PARAGRAPHS = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer",
               "The slings and arrows of outrageous fortune,", "Or to take arms against a sea of troubles"]

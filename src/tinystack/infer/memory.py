@@ -76,12 +76,12 @@ def plan_memory(model: torch.nn.Module, *, device: torch.device, dtype: torch.dt
         weights += sum(b.numel() * b.element_size() for b in model.buffers())
     hidden = getattr(cfg, "hidden_size", getattr(cfg, "n_embd", 0))
     inter = getattr(cfg, "intermediate_size", 4 * hidden)
-    n_head = getattr(cfg, "n_head")
+    n_head = cfg.n_head
     elt = torch.empty((), dtype=dtype).element_size()
     overhead = (max_num_batched_tokens * (8 * hidden + 3 * inter) * elt  # hidden states, MLP activations
                 + max_num_batched_tokens * cfg.max_seq_len * n_head * 4  # one layer's attention scores (fp32)
                 + max_num_seqs * cfg.vocab_size * 4)  # logits
-    per_block = KVStorage.bytes_per_block(getattr(cfg, "n_layer"), block_size, cfg.n_kv_head, cfg.head_dim, dtype)
+    per_block = KVStorage.bytes_per_block(cfg.n_layer, block_size, cfg.n_kv_head, cfg.head_dim, dtype)
     usable = limit * (1 - buffer) - weights - overhead
     blocks_per_seq = -(-cfg.max_seq_len // block_size)
     num_blocks = min(int(usable // per_block), max_num_seqs * blocks_per_seq, max_blocks or 2**62)

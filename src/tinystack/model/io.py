@@ -68,7 +68,8 @@ def hf_config(cfg: GPTConfig, eos_token_id: int | None) -> dict[str, Any]:
 def config_from_hf(hf: dict[str, Any]) -> GPTConfig:
     model_type = hf.get("model_type")
     if model_type != "gpt2":
-        raise ModelFormatError(f"unsupported model_type {model_type!r} (supported: {', '.join(map(repr, SUPPORTED_TYPES))})")
+        supported = ", ".join(map(repr, SUPPORTED_TYPES))
+        raise ModelFormatError(f"unsupported model_type {model_type!r} (supported: {supported})")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ModelFormatError(f"unsupported activation_function {hf['activation_function']!r}")
     if hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
@@ -98,7 +99,8 @@ def save_model(model: GPT | Llama, model_dir: str | Path, *, eos_token_id: int |
         tensors[name] = (t.t() if is_gpt and name.endswith(_CONV1D_SUFFIXES) else t).contiguous()
     with atomic_open(model_dir / WEIGHTS_FILE, "wb") as f:
         f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
-    config = hf_config(model.config, eos_token_id) if is_gpt else llama_hf_config(model.config, eos_token_id=eos_token_id)
+    config = (hf_config(model.config, eos_token_id) if is_gpt
+              else llama_hf_config(model.config, eos_token_id=eos_token_id))
     write_json(model_dir / CONFIG_FILE, config)
     if lineage is not None:
         write_json(model_dir / LINEAGE_FILE, lineage)

@@ -9,8 +9,10 @@ Data flow of POST /v1/completions (chat and /generate are the same past parsing)
       -> caller                    API key (Bearer, hashed, constant time) -> 401      (api/deps.py, guards/auth.py)
       -> prepare_completion        prompt -> ids; context / limits with numbers -> 400 (api/requests.py, infer/chat.py)
       -> check_rate                per-key token buckets -> 429 + Retry-After          (guards/ratelimit.py)
-      -> execution.run             breaker open -> fallback / 503; gate full -> 429    (engine/execution.py, guards/protect.py)
-      -> generation.generate       n choices on the engine, stop strings, deadline     (engine/generation.py, engine/detok.py)
+      -> execution.run             breaker open -> fallback / 503; gate full -> 429
+                                                                (engine/execution.py, guards/protect.py)
+      -> generation.generate       n choices on the engine, stop strings, deadline
+                                                                (engine/generation.py, engine/detok.py)
       -> EngineAdapter.stream      the only code that knows the engine's API  (engine/adapter.py,
                                    engine/async_adapter.py: tinystack.infer.AsyncEngine)
       -> openai_service            whole JSON answer, or SSE chunks + data: [DONE]     (api/openai_service.py)

@@ -59,7 +59,8 @@ class BatchSampler:
         self.windows_drawn = int(state["windows_drawn"])
 
 
-def eval_batches(tokens: np.ndarray, batch_size: int, block_size: int, n_batches: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def eval_batches(tokens: np.ndarray, batch_size: int, block_size: int,
+                 n_batches: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The fixed validation batches (generator seeded with 0), the same for every estimate and both backends."""
     _check(tokens, block_size)
     gen = torch.Generator().manual_seed(0)

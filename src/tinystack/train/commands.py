@@ -38,7 +38,8 @@ def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer dire
 
 @config_command("finetune", "run.device")
 def finetune(cfg: Config,
-             model: Annotated[Path, typer.Option(help="Pretrained model directory (ours or Hugging Face GPT-2/Llama).")],
+             model: Annotated[Path, typer.Option(
+                 help="Pretrained model directory (ours or Hugging Face GPT-2/Llama).")],
              data: Annotated[Path, typer.Option(help='Conversations JSONL: {"messages": [...]} or {"prompt", '
                                                      '"completion"}.')],
              out: Annotated[Path, typer.Option(help="Model directory to write (work files go to OUT_finetune/).")],

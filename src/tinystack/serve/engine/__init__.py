@@ -1,1 +1,3 @@
-"""Between HTTP and tinystack.infer: the engine adapter, one request's execution with its protections, streaming deltas, timing, the watchdog."""
+"""Between HTTP and tinystack.infer.
+
+The engine adapter, one request's execution with its protections, streaming deltas, timing, the watchdog."""

@@ -57,8 +57,9 @@ class RateLimiter:
 
     def _for(self, key: str) -> tuple[TokenBucket | None, TokenBucket | None]:
         if key not in self._buckets:
-            self._buckets[key] = (TokenBucket(self.requests_per_min, self._clock) if self.requests_per_min > 0 else None,
-                                  TokenBucket(self.tokens_per_min, self._clock) if self.tokens_per_min > 0 else None)
+            requests = TokenBucket(self.requests_per_min, self._clock) if self.requests_per_min > 0 else None
+            tokens = TokenBucket(self.tokens_per_min, self._clock) if self.tokens_per_min > 0 else None
+            self._buckets[key] = (requests, tokens)
         return self._buckets[key]
 
     def check(self, key: str, tokens: int) -> tuple[bool, int | None, str]:
