@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -27,9 +28,10 @@ from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.infer.paged_cache import KVStorage
-from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, sample_batch
+from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, logprob_info, sample_batch
 from tinystack.infer.scheduler import Scheduler
 from tinystack.infer.sequence import Sequence
+from tinystack.infer.speculative import Speculator, build_speculator
 from tinystack.infer.step_stats import EngineCounters, StepRecord
 
 
@@ -47,7 +49,10 @@ class LLMEngine:
                  memory_limit: int | None = None, memory_buffer: float = 0.2, cpu_memory_fraction: float = 0.25,
                  num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = True, max_wait: float = 0.05,
-                 stream_text: bool = False, hugepages: bool = True, verbose: bool = True):
+                 stream_text: bool = False, hugepages: bool = True, verbose: bool = True,
+                 speculative: str = "off", num_speculative_tokens: int = 4,
+                 draft_model: str | Path | torch.nn.Module | None = None,
+                 prompt_lookup_min: int = 1, prompt_lookup_max: int = 3):
         if kv_cache not in ("paged", "contiguous"):
             raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
         if scheduler not in ("continuous", "dynamic"):
@@ -74,12 +79,32 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.storage, self.device, hugepages)
         if verbose and self.runner.arena is not None:
             print(self.runner.arena, file=sys.stderr, flush=True)
+        self.speculator = self._speculator(speculative, num_speculative_tokens, draft_model, prompt_lookup_min,
+                                           prompt_lookup_max, max_num_batched_tokens, hugepages, verbose)
         self.stream_text = stream_text
         self.kv_cache, self.scheduler_kind = kv_cache, scheduler
         self._seqs: dict[str, Sequence] = {}
         self._counter = 0
         self.counters = EngineCounters()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+
+    def _speculator(self, mode: str, k: int, draft_model, min_n: int, max_n: int, max_num_batched_tokens: int,
+                    hugepages: bool, verbose: bool) -> Speculator | None:
+        """Speculative decoding (speculative.py), or None when `mode` is "off"."""
+        if mode != "off" and getattr(self.model, "needs_full_sequence", False):
+            raise ValueError("speculative decoding needs the torch backend (the numpy one has no KV cache)")
+        draft = None
+        if mode == "draft":
+            if draft_model is None or draft_model == "":
+                raise ValueError("speculative='draft' needs draft_model (a model directory)")
+            from tinystack.infer.draft_model import DraftModel, load_draft
+
+            model = load_draft(draft_model, self.model, self.tokenizer, self.device)
+            slots = self.budget.num_blocks * self.block_manager.block_size
+            draft = DraftModel(model, k, slots, self.device, hugepages, verbose)
+        return build_speculator(mode, k=k, block_manager=self.block_manager,
+                                max_num_batched_tokens=max_num_batched_tokens, prompt_lookup_min=min_n,
+                                prompt_lookup_max=max_n, draft=draft)
 
     # -- requests --
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -165,21 +190,41 @@ class LLMEngine:
         batch = self.scheduler.schedule(flush=flush)
         if not batch:
             return []
-        logits = self.runner.run(batch)
-        ready, rows = [], []
+        drafts = self.speculator.propose(batch) if self.speculator else None
+        logits = self.runner.run(batch, [d.tokens for d in drafts] if drafts else None)
+        last = list(range(len(batch)))  # each row's last logits row (a speculating row has 1 + d of them)
+        if drafts:
+            last = [int(x) - 1 for x in torch.tensor([1 + len(d.tokens) for d in drafts]).cumsum(0)]
+        ready, rows, spec = [], [], []
         prefill = 0
         for i, (seq, n) in enumerate(batch):
             is_decode = n == 1 and seq.num_computed + 1 == seq.num_tokens > len(seq.prompt_ids)
             prefill += 0 if is_decode else n
             seq.num_computed += n
             self.block_manager.commit(seq)
-            if seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
+            if drafts and drafts[i].tokens:  # verified against its own 1 + d logits rows, below
+                spec.append((i, seq))
+            elif seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
                 ready.append((i, seq))
                 rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids))
-        tokens, infos = sample_batch(logits[[i for i, _ in ready]], rows) if ready else ([], [])
+        tokens, infos = sample_batch(logits[[last[i] for i, _ in ready]], rows) if ready else ([], [])
         now = time.perf_counter()
-        self._account(batch, prefill, len(ready), t0, c0, now)
-        return [d for (_, seq), tok, info in zip(ready, tokens, infos) if (d := self._append(seq, tok, info, now))]
+        fed = [(seq, n + len(drafts[i].tokens)) for i, (seq, n) in enumerate(batch)] if drafts else batch
+        self._account(fed, prefill, len(ready) + len(spec), t0, c0, now)
+        out = [d for (_, seq), tok, info in zip(ready, tokens, infos) if (d := self._append(seq, [tok], [info], now))]
+        for i, seq in spec:
+            d = drafts[i]
+            rows_logits = logits[last[i] - len(d.tokens): last[i] + 1].float()
+            toks = self.speculator.verify(seq, d, rows_logits)
+            infos = [None] * len(toks)
+            if seq.params.logprobs is not None:
+                lp = rows_logits.log_softmax(dim=-1)
+                infos = [logprob_info(lp[j], t, seq.params.logprobs) for j, t in enumerate(toks)]
+            delta = self._append(seq, toks, infos, now)
+            self.speculator.rollback(seq, len(toks) - 1)
+            if delta:
+                out.append(delta)
+        return out
 
     def _account(self, batch: list[tuple[Sequence, int]], prefill: int, sampled: int, t0: float, c0: float,
                  now: float) -> None:
@@ -195,15 +240,17 @@ class LLMEngine:
             except Exception:  # metrics must never take the engine down
                 pass
 
-    def _append(self, seq: Sequence, tok: int, info: dict | None, now: float) -> TokenDelta | None:
+    def _append(self, seq: Sequence, toks: list[int], infos: list[dict | None], now: float) -> TokenDelta | None:
+        """Append new tokens in order (several after a speculative step), stopping at the first that ends it."""
         p = seq.params
         seq.metrics.first_token = seq.metrics.first_token or now
         seq.metrics.last_token = now
         reason = None
         eos = getattr(self.tokenizer, "eos_token_ids", None) or {self.tokenizer.eos_token_id}
-        if (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids:
-            reason = "stop"  # the stop token itself is not part of the output
-        else:
+        for tok, info in zip(toks, infos):
+            if (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids:
+                reason = "stop"  # the stop token itself is not part of the output
+                break
             seq.token_ids.append(tok)
             if info is not None:
                 seq.logprobs.append(info)
@@ -212,6 +259,8 @@ class LLMEngine:
                 reason = seq.finish_reason
             if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
                 reason = "length"
+            if reason is not None:
+                break
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._seqs.pop(seq.request_id, None)
