@@ -184,6 +184,15 @@ class LLMEngine:
     def prefix_cache_query_tokens(self) -> int:
         return self.block_manager.prefix_queries
 
+    @property
+    def spec_proposed_tokens(self) -> int:
+        """Speculative draft tokens checked by the target since the engine started (0 when off)."""
+        return self.speculator.proposed_tokens if self.speculator else 0
+
+    @property
+    def spec_accepted_tokens(self) -> int:
+        return self.speculator.accepted_tokens if self.speculator else 0
+
     # -- one step --
     def step(self, flush: bool = False) -> list[TokenDelta]:
         t0, c0 = time.perf_counter(), time.process_time()

@@ -78,7 +78,8 @@ def _engine_reading(app: FastAPI) -> EngineReading | None:
     if state is None:
         return None
     s = state.adapter.stats()
-    return EngineReading(s.running, s.waiting, s.kv_usage, s.preemptions, s.prefix_cache_hits, s.prefix_cache_queries)
+    return EngineReading(s.running, s.waiting, s.kv_usage, s.preemptions, s.prefix_cache_hits, s.prefix_cache_queries,
+                         s.spec_proposed_tokens, s.spec_accepted_tokens)
 
 
 def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None, *,
