@@ -1,0 +1,48 @@
+"""Speculative decoding behind the server: built from [infer], the same answers as without it, its draft tokens
+counted in /metrics (tinystack_spec_{proposed,accepted}_tokens_total) and per request in the JSON log."""
+import json
+
+import httpx
+import pytest
+from obs_helpers import scrape, value
+
+from tinystack.config import InferConfig
+from tinystack.serve.engine.adapter import load_engine
+
+PROMPT = "return the value of the value of the value of the"
+GREEDY = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def _infer(**kw) -> InferConfig:
+    return InferConfig(dtype="float32", max_num_seqs=4, memory_limit_mb=256, **kw)
+
+
+@pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
+def test_served_speculation_is_counted_and_answers_like_plain_decoding(serve, model_dir, mode):
+    plain = load_engine(model_dir, _infer())
+    try:
+        s = serve(plain)
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            want = c.post("/v1/completions", json=GREEDY).json()["choices"][0]["text"]
+    finally:
+        plain.shutdown()
+    # draft: the target itself as its own draft model (loaded from its directory): every draft is accepted
+    spec = load_engine(model_dir, _infer(speculative=mode, num_speculative_tokens=3,
+                                         draft_model=str(model_dir) if mode == "draft" else ""))
+    try:
+        s = serve(spec, log=True)
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            before = scrape(s.url)
+            got = c.post("/v1/completions", json=GREEDY).json()["choices"][0]["text"]
+            after = scrape(s.url)
+        assert got == want
+        llm = spec.engine
+        names = ("tinystack_spec_proposed_tokens_total", "tinystack_spec_accepted_tokens_total")
+        proposed, accepted = (value(after, name) - value(before, name) for name in names)
+        assert proposed == llm.spec_proposed_tokens > 0 and accepted == llm.spec_accepted_tokens
+        assert (accepted == proposed) if mode == "draft" else (0 <= accepted <= proposed)
+        s.log.close()
+        row = next(json.loads(line) for line in s.log_path.read_text().splitlines() if '"/v1/completions"' in line)
+        assert (row["spec_proposed_tokens"], row["spec_accepted_tokens"]) == (proposed, accepted)
+    finally:
+        spec.shutdown()
