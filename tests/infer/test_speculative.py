@@ -71,6 +71,29 @@ def test_greedy_output_is_plain_greedy_token_for_token(family, mode, kv):
     assert e.num_used_blocks == 0  # every block (the drafts' ones too) came back
 
 
+def test_stop_strings_eos_and_logprobs_apply_per_accepted_token():
+    """A stop string met inside an accepted run of drafts ends the output there; logprobs are the target's."""
+    target = _gpt(0)
+    plain = _llm(target).generate(PROMPTS, GREEDY)
+    text = plain[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    params = SamplingParams(temperature=0, max_tokens=40, stop=[stop], logprobs=2)
+    want = _llm(target).generate(PROMPTS, params)
+    spec = _llm(target, speculative="prompt_lookup", num_speculative_tokens=4)
+    got = spec.generate(PROMPTS, params)
+    assert spec.engine.spec_accepted_tokens > 0
+    assert want[0].finish_reason == "stop" and want[0].text == text[:text.index(stop)]
+    for w, g in zip(want, got):
+        assert (g.text, g.token_ids, g.finish_reason) == (w.text, w.token_ids, w.finish_reason)
+        for a, b in zip(g.logprobs, w.logprobs):
+            assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4) and a["top"].keys() == b["top"].keys()
+    eos = plain[0].token_ids[5]  # a token the greedy run makes: as a stop token it ends the output before it
+    cut = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[eos])
+    want = _llm(target).generate(PROMPTS, cut)
+    got = _llm(target, speculative="prompt_lookup", num_speculative_tokens=4).generate(PROMPTS, cut)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want] and len(want[0].token_ids) <= 5
+
+
 class SecondWrong:
     """Proposes the true greedy continuation with its second token wrong: exactly one draft is accepted a step."""
 
