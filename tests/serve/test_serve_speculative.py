@@ -46,3 +46,16 @@ def test_served_speculation_is_counted_and_answers_like_plain_decoding(serve, mo
         assert (row["spec_proposed_tokens"], row["spec_accepted_tokens"]) == (proposed, accepted)
     finally:
         spec.shutdown()
+
+
+def test_a_draft_with_another_tokenizer_is_refused_in_one_line(tmp_path, model_dir, tiny_model):
+    from tinystack.model.io import save_model
+    from tinystack.tokenizer import BPETokenizer
+
+    other = BPETokenizer.train([f"completely different words number {i}" for i in range(200)], vocab_size=300)
+    draft_dir = tmp_path / "draft"
+    save_model(tiny_model, draft_dir, eos_token_id=other.eos_token_id)  # same vocabulary size, other tokenizer
+    other.save(draft_dir)
+    with pytest.raises(ValueError, match="its tokenizer is not the target's") as e:
+        load_engine(model_dir, _infer(speculative="draft", draft_model=str(draft_dir)))
+    assert "\n" not in str(e.value)

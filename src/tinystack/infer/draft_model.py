@@ -39,21 +39,24 @@ def same_tokenizer(a, b) -> bool:
 
 def load_draft(draft_model: str | Path | torch.nn.Module, target: torch.nn.Module, tokenizer, device: torch.device,
                draft_tokenizer=None) -> torch.nn.Module:
-    """The draft model (a directory is loaded with dtype "auto"), refused in one line unless its vocabulary
-    and tokenizer are the target's."""
+    """The draft model (a directory is loaded with dtype "auto"), refused in one line unless its tokenizer
+    (checked before any weight is loaded) and vocabulary are the target's."""
     name = str(draft_model) if isinstance(draft_model, (str, Path)) else type(draft_model).__name__
     if isinstance(draft_model, (str, Path)):
         from tinystack.infer.llm import load_for_inference
+        from tinystack.tokenizer import load_tokenizer
 
         if not Path(draft_model).is_dir():
             raise ValueError(f"draft_model {name}: not a model directory")
-        draft_model, draft_tokenizer = load_for_inference(draft_model, device=str(device))
-    if draft_model.config.vocab_size != target.config.vocab_size:
-        raise ValueError(f"draft model {name} has a vocabulary of {draft_model.config.vocab_size} tokens, "
-                         f"the target {target.config.vocab_size}: speculative decoding needs the same tokenizer")
+        draft_tokenizer = load_tokenizer(draft_model)
     if draft_tokenizer is not None and not same_tokenizer(draft_tokenizer, tokenizer):
         raise ValueError(f"draft model {name}: its tokenizer is not the target's "
                          "(speculative decoding needs the same tokenizer)")
+    if isinstance(draft_model, (str, Path)):
+        draft_model, _ = load_for_inference(draft_model, device=str(device), tokenizer=draft_tokenizer)
+    if draft_model.config.vocab_size != target.config.vocab_size:
+        raise ValueError(f"draft model {name} has a vocabulary of {draft_model.config.vocab_size} tokens, "
+                         f"the target {target.config.vocab_size}: speculative decoding needs the same tokenizer")
     return draft_model.eval()
 
 
