@@ -180,7 +180,6 @@ def main() -> None:
     if args.quick:
         args.trials, args.new_tokens, args.concurrency = 1, 8, [1, 2]
     from tinystack.infer import LLM, load_for_inference
-    from tinystack.infer.draft_model import DraftModel, load_draft
     from tinystack.infer.speculative import build_speculator
     from tinystack.model.importer import import_model
 
@@ -197,8 +196,8 @@ def main() -> None:
               max_num_batched_tokens=engine.scheduler.max_num_batched_tokens)
 
     def draft(model):  # the engine's own construction for speculative="draft", with this model as the draft
-        model = load_draft(model, engine.model, llm.tokenizer, engine.device, llm.tokenizer)
-        return build_speculator("draft", draft=DraftModel(model, args.k, slots, engine.device), **kw)
+        return build_speculator("draft", draft_model=model, target=engine.model, tokenizer=llm.tokenizer,
+                                token_slots=slots, **kw)
 
     speculators = {"plain": None, "prompt_lookup": build_speculator("prompt_lookup", **kw),
                    "draft_cut": draft(load_for_inference(draft_dir, tokenizer=False)[0]),

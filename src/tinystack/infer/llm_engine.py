@@ -5,6 +5,8 @@
              -> sample_batch (per-request params and generators) -> append token
              -> finish on EOS / stop_token_ids / stop string / max_tokens -> release blocks
              -> TokenDelta per request that produced something (the last one carries the RequestOutput)
+    With speculative decoding on (speculative.py), decode rows also feed draft tokens in the same model
+    call, and append every accepted one plus the target's next token.
     abort(request_id) frees everything the request held, at once.
 
 The scheduler is a policy ("continuous" or "dynamic", see scheduler.py / batcher.py) over
@@ -17,6 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Callable
 
@@ -28,10 +31,10 @@ from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.infer.paged_cache import KVStorage
-from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, logprob_info, sample_batch
+from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, sample_batch
 from tinystack.infer.scheduler import Scheduler
 from tinystack.infer.sequence import Sequence
-from tinystack.infer.speculative import Speculator, build_speculator
+from tinystack.infer.speculative import build_speculator
 from tinystack.infer.step_stats import EngineCounters, StepRecord
 
 
@@ -79,32 +82,17 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.storage, self.device, hugepages)
         if verbose and self.runner.arena is not None:
             print(self.runner.arena, file=sys.stderr, flush=True)
-        self.speculator = self._speculator(speculative, num_speculative_tokens, draft_model, prompt_lookup_min,
-                                           prompt_lookup_max, max_num_batched_tokens, hugepages, verbose)
+        self.speculator = build_speculator(
+            speculative, k=num_speculative_tokens, block_manager=self.block_manager,
+            max_num_batched_tokens=max_num_batched_tokens, prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max, draft_model=draft_model, target=self.model, tokenizer=tokenizer,
+            token_slots=self.budget.num_blocks * block_size, hugepages=hugepages, verbose=verbose)
         self.stream_text = stream_text
         self.kv_cache, self.scheduler_kind = kv_cache, scheduler
         self._seqs: dict[str, Sequence] = {}
         self._counter = 0
         self.counters = EngineCounters()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
-
-    def _speculator(self, mode: str, k: int, draft_model, min_n: int, max_n: int, max_num_batched_tokens: int,
-                    hugepages: bool, verbose: bool) -> Speculator | None:
-        """Speculative decoding (speculative.py), or None when `mode` is "off"."""
-        if mode != "off" and getattr(self.model, "needs_full_sequence", False):
-            raise ValueError("speculative decoding needs the torch backend (the numpy one has no KV cache)")
-        draft = None
-        if mode == "draft":
-            if draft_model is None or draft_model == "":
-                raise ValueError("speculative='draft' needs draft_model (a model directory)")
-            from tinystack.infer.draft_model import DraftModel, load_draft
-
-            model = load_draft(draft_model, self.model, self.tokenizer, self.device)
-            slots = self.budget.num_blocks * self.block_manager.block_size
-            draft = DraftModel(model, k, slots, self.device, hugepages, verbose)
-        return build_speculator(mode, k=k, block_manager=self.block_manager,
-                                max_num_batched_tokens=max_num_batched_tokens, prompt_lookup_min=min_n,
-                                prompt_lookup_max=max_n, draft=draft)
 
     # -- requests --
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -201,9 +189,8 @@ class LLMEngine:
             return []
         drafts = self.speculator.propose(batch) if self.speculator else None
         logits = self.runner.run(batch, [d.tokens for d in drafts] if drafts else None)
-        last = list(range(len(batch)))  # each row's last logits row (a speculating row has 1 + d of them)
-        if drafts:
-            last = [int(x) - 1 for x in torch.tensor([1 + len(d.tokens) for d in drafts]).cumsum(0)]
+        # each row's last logits row (a speculating row has 1 + d of them)
+        last = [x - 1 for x in accumulate(1 + len(d.tokens) for d in drafts)] if drafts else range(len(batch))
         ready, rows, spec = [], [], []
         prefill = 0
         for i, (seq, n) in enumerate(batch):
@@ -221,14 +208,8 @@ class LLMEngine:
         fed = [(seq, n + len(drafts[i].tokens)) for i, (seq, n) in enumerate(batch)] if drafts else batch
         self._account(fed, prefill, len(ready) + len(spec), t0, c0, now)
         out = [d for (_, seq), tok, info in zip(ready, tokens, infos) if (d := self._append(seq, [tok], [info], now))]
-        for i, seq in spec:
-            d = drafts[i]
-            rows_logits = logits[last[i] - len(d.tokens): last[i] + 1].float()
-            toks = self.speculator.verify(seq, d, rows_logits)
-            infos = [None] * len(toks)
-            if seq.params.logprobs is not None:
-                lp = rows_logits.log_softmax(dim=-1)
-                infos = [logprob_info(lp[j], t, seq.params.logprobs) for j, t in enumerate(toks)]
+        for i, seq in spec:  # accepted drafts + one token of the target's, then the cache rolled back past them
+            toks, infos = self.speculator.verify(seq, drafts[i], logits[last[i] - len(drafts[i].tokens): last[i] + 1])
             delta = self._append(seq, toks, infos, now)
             self.speculator.rollback(seq, len(toks) - 1)
             if delta:

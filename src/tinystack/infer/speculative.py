@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from tinystack.infer.block_manager import BlockManager
-from tinystack.infer.sampler import has_penalties, is_greedy, sampling_probs
+from tinystack.infer.sampler import has_penalties, is_greedy, logprob_info, sampling_probs
 from tinystack.infer.sequence import Sequence
 
 MODES = ("off", "prompt_lookup", "draft")
@@ -109,9 +109,11 @@ class Speculator:
                 spare -= d
         return drafts if any(d.tokens for d in drafts) else None
 
-    def verify(self, seq: Sequence, draft: Draft, logits: torch.Tensor) -> list[int]:
-        """logits [d + 1, V] of the target at the row's fed positions -> the tokens to append (1 to d + 1)."""
+    def verify(self, seq: Sequence, draft: Draft, logits: torch.Tensor) -> tuple[list[int], list[dict | None]]:
+        """logits [d + 1, V] of the target at the row's fed positions -> the tokens to append (1 to d + 1) and
+        their logprob records (None each unless the request asked for logprobs)."""
         p = seq.params
+        logits = logits.float()
         self.proposed_tokens += len(draft.tokens)
         seq.metrics.spec_proposed += len(draft.tokens)
         if is_greedy(p):
@@ -124,7 +126,10 @@ class Speculator:
             out = _rejection_sample(sampling_probs(logits, p), draft, seq.generator)
         self.accepted_tokens += len(out) - 1
         seq.metrics.spec_accepted += len(out) - 1
-        return out
+        if p.logprobs is None:
+            return out, [None] * len(out)
+        lp = logits.log_softmax(dim=-1)  # the target's raw distribution, as for plain decoding
+        return out, [logprob_info(lp[j], t, p.logprobs) for j, t in enumerate(out)]
 
     def rollback(self, seq: Sequence, num_accepted: int) -> None:
         """After the engine appended the verified tokens: the accepted drafts' keys/values are valid (they were
@@ -156,16 +161,27 @@ def _rejection_sample(p: torch.Tensor, draft: Draft, generator: torch.Generator 
 
 
 def build_speculator(mode: str, *, k: int, block_manager: BlockManager, max_num_batched_tokens: int,
-                     prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, draft=None) -> Speculator | None:
-    """The engine's speculator for `mode` ("off" -> None); `draft` is a draft_model.DraftModel for "draft"."""
+                     prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, draft=None, draft_model=None,
+                     target: torch.nn.Module | None = None, tokenizer=None, token_slots: int = 0,
+                     hugepages: bool = True, verbose: bool = True) -> Speculator | None:
+    """The engine's speculator for `mode` ("off" -> None). For "draft": a ready draft_model.DraftModel as
+    `draft`, or `draft_model` (a directory or model) loaded and checked against `target` and `tokenizer`,
+    with a cache of `token_slots` tokens."""
     if mode not in MODES:
         raise ValueError(f"speculative must be one of {MODES}, got {mode!r}")
     if mode == "off":
         return None
+    if target is not None and getattr(target, "needs_full_sequence", False):
+        raise ValueError("speculative decoding needs the torch backend (the numpy one has no KV cache)")
     if mode == "prompt_lookup":
-        proposer = PromptLookup(k, prompt_lookup_min, prompt_lookup_max)
-    else:
-        if draft is None:
-            raise ValueError("speculative='draft' needs a draft_model (a model directory)")
-        proposer = draft
-    return Speculator(proposer, k, block_manager, max_num_batched_tokens)
+        return Speculator(PromptLookup(k, prompt_lookup_min, prompt_lookup_max), k, block_manager,
+                          max_num_batched_tokens)
+    if draft is None:
+        if draft_model is None or draft_model == "":
+            raise ValueError("speculative='draft' needs draft_model (a model directory)")
+        from tinystack.infer.draft_model import DraftModel, load_draft
+
+        device = next(target.parameters()).device
+        model = load_draft(draft_model, target, tokenizer, device)
+        draft = DraftModel(model, k, token_slots, device, hugepages, verbose)
+    return Speculator(draft, k, block_manager, max_num_batched_tokens)
