@@ -52,10 +52,13 @@ def test_lookup_takes_the_latest_longest_ngram_match():
 
 @pytest.mark.parametrize("family", [_gpt, _llama])
 @pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])
-@pytest.mark.parametrize("kv", [dict(), dict(kv_cache="contiguous"), dict(num_kv_blocks=40, max_num_seqs=4)])
+@pytest.mark.parametrize("kv", [dict(), dict(kv_cache="contiguous"), dict(num_kv_blocks=40, max_num_seqs=4),
+                                dict(scheduler="dynamic", max_num_seqs=3)],
+                         ids=["paged", "contiguous", "preempting", "dynamic"])
 def test_greedy_output_is_plain_greedy_token_for_token(family, mode, kv):
     """Several sequences in one batch, each with its own drafts; a different random draft model is often wrong,
-    so both acceptance and rejection happen; a small cache (num_kv_blocks=40) also preempts."""
+    so both acceptance and rejection happen; a small cache (num_kv_blocks=40) also preempts; the dynamic batcher
+    runs batches to completion."""
     target = family(0)
     plain = _llm(target, **kv).generate(PROMPTS, GREEDY)
     extra = {"draft_model": family(1, n_layer=1)} if mode == "draft" else {}
@@ -69,6 +72,8 @@ def test_greedy_output_is_plain_greedy_token_for_token(family, mode, kv):
     assert sum(o.metrics.spec_accepted for o in outs) == e.spec_accepted_tokens
     e.block_manager.check()
     assert e.num_used_blocks == 0  # every block (the drafts' ones too) came back
+    if "num_kv_blocks" in kv:
+        assert e.num_preemptions > 0
 
 
 def test_stop_strings_eos_and_logprobs_apply_per_accepted_token():
