@@ -13,6 +13,14 @@ PROMPT = "return the value of the value of the value of the"
 GREEDY = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
+@pytest.fixture(autouse=True)
+def weight_format_cache(tmp_path, monkeypatch):
+    """A draft directory loads with dtype "auto": its decision is cached here, not in the user's ~/.cache."""
+    from tinystack.infer.quant import auto
+
+    monkeypatch.setattr(auto, "CACHE_DIR", tmp_path / "weight_format_cache")
+
+
 def _infer(**kw) -> InferConfig:
     return InferConfig(dtype="float32", max_num_seqs=4, memory_limit_mb=256, **kw)
 
