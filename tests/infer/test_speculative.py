@@ -99,6 +99,31 @@ def test_stop_strings_eos_and_logprobs_apply_per_accepted_token():
     assert [g.token_ids for g in got] == [w.token_ids for w in want] and len(want[0].token_ids) <= 5
 
 
+def test_draft_model_proposals_are_its_own_greedy_continuation_through_its_rolled_back_cache():
+    """What the draft proposes each step equals the draft model's greedy continuation computed from scratch
+    (no cache): its own cache stays right across accepted and rejected drafts, preemption-free batching."""
+    target, draft_model = _gpt(0), _gpt(1, n_layer=1)
+    llm = _llm(target, speculative="draft", draft_model=draft_model, num_speculative_tokens=3)
+    proposer = llm.engine.speculator.proposer
+    seen = []
+
+    def checked(rows):
+        drafts = type(proposer).propose(proposer, rows)
+        seen.extend((list(seq.token_ids), d.tokens) for (seq, _), d in zip(rows, drafts))
+        return drafts
+
+    proposer.propose = checked
+    llm.generate(PROMPTS, GREEDY)
+    assert len(seen) > 20
+    with torch.no_grad():
+        for ids, proposed in seen:
+            ids = list(ids)
+            for tok in proposed:
+                logits, _ = draft_model(torch.tensor([ids]))
+                assert tok == int(logits[0, -1].argmax())
+                ids.append(tok)
+
+
 class SecondWrong:
     """Proposes the true greedy continuation with its second token wrong: exactly one draft is accepted a step."""
 
