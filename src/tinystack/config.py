@@ -212,6 +212,12 @@ class InferConfig:
     cpu_memory_fraction: float = 0.25
     max_wait_s: float = 0.05  # dynamic: a batch starts when max_num_seqs wait, or the oldest has waited this long
     hugepages: bool = True  # CPU: weights and KV cache in 2 MiB pages (infer/weight_arena.py)
+    # decode several tokens a step (infer/speculative.py): drafts from n-grams of the prompt+output or a draft model
+    speculative: Literal["off", "prompt_lookup", "draft"] = "off"
+    num_speculative_tokens: int = 4  # drafts checked per step and sequence (k)
+    draft_model: str = ""  # speculative="draft": a smaller model directory with the same tokenizer
+    prompt_lookup_min: int = 1  # prompt_lookup: n-gram sizes matched, longest first
+    prompt_lookup_max: int = 3
 
     def engine_kwargs(self) -> dict[str, Any]:
         return {"kv_cache": self.kv_cache, "scheduler": self.scheduler, "block_size": self.block_size,
@@ -219,7 +225,9 @@ class InferConfig:
                 "enable_prefix_caching": self.enable_prefix_caching,
                 "memory_limit": self.memory_limit_mb * 2**20 or None, "memory_buffer": self.memory_buffer,
                 "cpu_memory_fraction": self.cpu_memory_fraction, "max_wait": self.max_wait_s,
-                "hugepages": self.hugepages}
+                "hugepages": self.hugepages, "speculative": self.speculative,
+                "num_speculative_tokens": self.num_speculative_tokens, "draft_model": self.draft_model or None,
+                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
 
     def load_kwargs(self) -> dict[str, Any]:
         """backend, dtype, quantize: how `load_for_inference` (and LLM / AsyncEngine.from_dir) load the model."""

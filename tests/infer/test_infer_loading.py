@@ -61,6 +61,27 @@ def test_generate_cli_streams_the_continuation(model_dir):
     assert "finish_reason=length" in res.output
 
 
+@pytest.mark.parametrize("flags", [["--speculative", "prompt_lookup"],
+                                   ["--speculative", "draft", "--draft-model", "{model_dir}"]],
+                         ids=["prompt_lookup", "draft"])
+def test_generate_cli_speculates_from_infer_flags(model_dir, flags):
+    """[infer] speculative through `tinystack generate`: the greedy text of plain decoding, acceptance reported."""
+    import typer
+
+    from tinystack.infer.commands import generate
+
+    app = typer.Typer()
+    app.command()(generate)
+    prompt = "def generate(prompt, params):\n    return engine.run(prompt)\ndef generate("
+    args = ["--model", str(model_dir), "--prompt", prompt, "--max-tokens", "16", "--temperature", "0", "--ignore-eos",
+            "--dtype", "float32"]
+    plain = CliRunner().invoke(app, args)
+    spec = CliRunner().invoke(app, args + [f.format(model_dir=model_dir) for f in flags])
+    assert plain.exit_code == spec.exit_code == 0, spec.output
+    assert spec.stdout == plain.stdout
+    assert "speculative drafts accepted" in spec.output and "speculative" not in plain.output
+
+
 def test_q8_0_weights_are_a_quarter_and_close(model_dir):
     from tinystack.model import load_model
 

@@ -138,6 +138,22 @@ class BlockManager:
             table.append(self._take(table[-1] + 1 if table else None))
         self.tails.add(table[-1])
 
+    def truncate(self, seq: Sequence) -> None:
+        """Free the blocks past the sequence's computed tokens (rejected speculative tokens were written there).
+
+        Those blocks were grown this step for unverified tokens, so they are private and unhashed."""
+        keep = max(1, self.blocks_for(seq.num_computed))
+        if len(seq.block_table) <= keep:
+            return
+        self.tails.discard(seq.block_table[-1])
+        for b in seq.block_table[keep:]:
+            assert self.ref[b] == 1 and self.hash_of[b] is None, f"block {b} is shared or cached"
+            self.ref[b] = 0
+            self.free[b] = True
+            self.num_plain_free += 1
+        del seq.block_table[keep:]
+        self.tails.add(seq.block_table[-1])
+
     def commit(self, seq: Sequence) -> None:
         """After a step: register the blocks that are now full of computed tokens."""
         if not self.prefix_caching:
@@ -175,6 +191,7 @@ class BlockManager:
         assert len(free) == self.num_plain_free and not free & lru
         for b in range(self.num_blocks):
             in_use = self.ref[b] > 0
-            assert in_use + (b in free) + (b in lru) == 1, f"block {b}: ref={self.ref[b]} free={b in free} lru={b in lru}"
+            assert in_use + (b in free) + (b in lru) == 1, (
+                f"block {b}: ref={self.ref[b]} free={b in free} lru={b in lru}")
             if b in lru:
                 assert self.hash_of[b] is not None and self.by_hash[self.hash_of[b]] == b

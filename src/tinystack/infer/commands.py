@@ -64,8 +64,9 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
             out = d.output or out
     sys.stdout.write("\n")
     m_ = out.metrics
-    typer.echo(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, "
-               f"time to first token {m_.ttft_s * 1e3:.1f} ms, decode {(m_.decode_s or 0) * 1e3:.1f} ms]", err=True)
+    spec = f", speculative drafts accepted {m_.spec_accepted}/{m_.spec_proposed}" if m_.spec_proposed else ""
+    typer.echo(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, time to first token "
+               f"{m_.ttft_s * 1e3:.1f} ms, decode {(m_.decode_s or 0) * 1e3:.1f} ms{spec}]", err=True)
 
 
 @config_command("run.device")

@@ -5,6 +5,8 @@
              -> sample_batch (per-request params and generators) -> append token
              -> finish on EOS / stop_token_ids / stop string / max_tokens -> release blocks
              -> TokenDelta per request that produced something (the last one carries the RequestOutput)
+    With speculative decoding on (speculative.py), decode rows also feed draft tokens in the same model
+    call, and append every accepted one plus the target's next token.
     abort(request_id) frees everything the request held, at once.
 
 The scheduler is a policy ("continuous" or "dynamic", see scheduler.py / batcher.py) over
@@ -17,6 +19,8 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import replace
+from itertools import accumulate
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -30,6 +34,7 @@ from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, sample_batch
 from tinystack.infer.scheduler import Scheduler
 from tinystack.infer.sequence import Sequence
+from tinystack.infer.speculative import build_speculator
 from tinystack.infer.step_stats import EngineCounters, StepRecord
 
 
@@ -47,7 +52,10 @@ class LLMEngine:
                  memory_limit: int | None = None, memory_buffer: float = 0.2, cpu_memory_fraction: float = 0.25,
                  num_kv_blocks: int | None = None,
                  enable_prefix_caching: bool = True, max_wait: float = 0.05,
-                 stream_text: bool = False, hugepages: bool = True, verbose: bool = True):
+                 stream_text: bool = False, hugepages: bool = True, verbose: bool = True,
+                 speculative: str = "off", num_speculative_tokens: int = 4,
+                 draft_model: str | Path | torch.nn.Module | None = None,
+                 prompt_lookup_min: int = 1, prompt_lookup_max: int = 3):
         if kv_cache not in ("paged", "contiguous"):
             raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
         if scheduler not in ("continuous", "dynamic"):
@@ -74,6 +82,11 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.storage, self.device, hugepages)
         if verbose and self.runner.arena is not None:
             print(self.runner.arena, file=sys.stderr, flush=True)
+        self.speculator = build_speculator(
+            speculative, k=num_speculative_tokens, block_manager=self.block_manager,
+            max_num_batched_tokens=max_num_batched_tokens, prompt_lookup_min=prompt_lookup_min,
+            prompt_lookup_max=prompt_lookup_max, draft_model=draft_model, target=self.model, tokenizer=tokenizer,
+            token_slots=self.budget.num_blocks * block_size, hugepages=hugepages, verbose=verbose)
         self.stream_text = stream_text
         self.kv_cache, self.scheduler_kind = kv_cache, scheduler
         self._seqs: dict[str, Sequence] = {}
@@ -159,27 +172,49 @@ class LLMEngine:
     def prefix_cache_query_tokens(self) -> int:
         return self.block_manager.prefix_queries
 
+    @property
+    def spec_proposed_tokens(self) -> int:
+        """Speculative draft tokens checked by the target since the engine started (0 when off)."""
+        return self.speculator.proposed_tokens if self.speculator else 0
+
+    @property
+    def spec_accepted_tokens(self) -> int:
+        return self.speculator.accepted_tokens if self.speculator else 0
+
     # -- one step --
     def step(self, flush: bool = False) -> list[TokenDelta]:
         t0, c0 = time.perf_counter(), time.process_time()
         batch = self.scheduler.schedule(flush=flush)
         if not batch:
             return []
-        logits = self.runner.run(batch)
-        ready, rows = [], []
+        drafts = self.speculator.propose(batch) if self.speculator else None
+        logits = self.runner.run(batch, [d.tokens for d in drafts] if drafts else None)
+        # each row's last logits row (a speculating row has 1 + d of them)
+        last = [x - 1 for x in accumulate(1 + len(d.tokens) for d in drafts)] if drafts else range(len(batch))
+        ready, rows, spec = [], [], []
         prefill = 0
         for i, (seq, n) in enumerate(batch):
             is_decode = n == 1 and seq.num_computed + 1 == seq.num_tokens > len(seq.prompt_ids)
             prefill += 0 if is_decode else n
             seq.num_computed += n
             self.block_manager.commit(seq)
-            if seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
+            if drafts and drafts[i].tokens:  # verified against its own 1 + d logits rows, below
+                spec.append((i, seq))
+            elif seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
                 ready.append((i, seq))
                 rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids))
-        tokens, infos = sample_batch(logits[[i for i, _ in ready]], rows) if ready else ([], [])
+        tokens, infos = sample_batch(logits[[last[i] for i, _ in ready]], rows) if ready else ([], [])
         now = time.perf_counter()
-        self._account(batch, prefill, len(ready), t0, c0, now)
-        return [d for (_, seq), tok, info in zip(ready, tokens, infos) if (d := self._append(seq, tok, info, now))]
+        fed = [(seq, n + len(drafts[i].tokens)) for i, (seq, n) in enumerate(batch)] if drafts else batch
+        self._account(fed, prefill, len(ready) + len(spec), t0, c0, now)
+        out = [d for (_, seq), tok, info in zip(ready, tokens, infos) if (d := self._append(seq, [tok], [info], now))]
+        for i, seq in spec:  # accepted drafts + one token of the target's, then the cache rolled back past them
+            toks, infos = self.speculator.verify(seq, drafts[i], logits[last[i] - len(drafts[i].tokens): last[i] + 1])
+            delta = self._append(seq, toks, infos, now)
+            self.speculator.rollback(seq, len(toks) - 1)
+            if delta:
+                out.append(delta)
+        return out
 
     def _account(self, batch: list[tuple[Sequence, int]], prefill: int, sampled: int, t0: float, c0: float,
                  now: float) -> None:
@@ -195,15 +230,17 @@ class LLMEngine:
             except Exception:  # metrics must never take the engine down
                 pass
 
-    def _append(self, seq: Sequence, tok: int, info: dict | None, now: float) -> TokenDelta | None:
+    def _append(self, seq: Sequence, toks: list[int], infos: list[dict | None], now: float) -> TokenDelta | None:
+        """Append new tokens in order (several after a speculative step), stopping at the first that ends it."""
         p = seq.params
         seq.metrics.first_token = seq.metrics.first_token or now
         seq.metrics.last_token = now
         reason = None
         eos = getattr(self.tokenizer, "eos_token_ids", None) or {self.tokenizer.eos_token_id}
-        if (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids:
-            reason = "stop"  # the stop token itself is not part of the output
-        else:
+        for tok, info in zip(toks, infos):
+            if (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids:
+                reason = "stop"  # the stop token itself is not part of the output
+                break
             seq.token_ids.append(tok)
             if info is not None:
                 seq.logprobs.append(info)
@@ -212,6 +249,8 @@ class LLMEngine:
                 reason = seq.finish_reason
             if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
                 reason = "length"
+            if reason is not None:
+                break
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._seqs.pop(seq.request_id, None)

@@ -30,13 +30,21 @@ class ModelRunner:
         self.arena: ArenaReport | None = place_weights(model, hugepages)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
+    def run(self, batch: list[tuple[Sequence, int]], drafts: list[list[int]] | None = None) -> torch.Tensor:
+        """-> logits [R, V] at each row's last token. With `drafts` (speculative.py), row r also feeds
+        drafts[r] after its n tokens and gets logits at its last 1 + len(drafts[r]) positions, row after row."""
         if getattr(self.model, "needs_full_sequence", False):  # a backend without a KV cache (numpy_backend)
             return torch.stack([self.model.last_logits(seq.token_ids[: seq.num_computed + n]) for seq, n in batch])
+        drafts = drafts or [[] for _ in batch]
         starts = [seq.num_computed for seq, _ in batch]
-        lengths = [n for _, n in batch]
-        ids = [t for seq, n in batch for t in seq.token_ids[seq.num_computed: seq.num_computed + n]]
+        lengths = [n + len(d) for (_, n), d in zip(batch, drafts)]
+        ids = [t for (seq, n), d in zip(batch, drafts)
+               for t in seq.token_ids[seq.num_computed: seq.num_computed + n] + d]
         view = BatchView(self.storage, [seq.block_table for seq, _ in batch], starts, lengths, self.device)
+        index = view.last_index
+        if any(drafts):
+            index = torch.tensor([o + n - 1 - j for o, n, d in zip(view.offsets, lengths, drafts)
+                                  for j in range(len(d), -1, -1)], dtype=torch.long, device=self.device)
         logits, _ = self.model(torch.tensor([ids], device=self.device), kv_cache=view, positions=view.positions,
-                               logit_index=view.last_index)
-        return logits[:, 0]  # [R, 1, V]: x[arange(1), last_index] picked one position per row
+                               logit_index=index)
+        return logits[:, 0]  # [M, 1, V]: x[arange(1), index] picked one position per index

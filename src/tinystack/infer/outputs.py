@@ -22,6 +22,13 @@ class RequestMetrics:
     finished: float | None = None
     cpu_s: float = 0.0
     device_s: float = 0.0
+    spec_proposed: int = 0  # speculative decoding (speculative.py): draft tokens checked / accepted
+    spec_accepted: int = 0
+
+    @property
+    def spec_acceptance(self) -> float | None:
+        """Share of this request's draft tokens the target accepted (None: it never speculated)."""
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
 
     @property
     def queue_s(self) -> float | None:

@@ -118,7 +118,7 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
     return logits
 
 
-def _has_penalties(p: SamplingParams) -> bool:
+def has_penalties(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
 
@@ -142,23 +142,32 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[
     tokens = logits.argmax(dim=-1).tolist()
     for i, r in enumerate(rows):
         p = r.params
-        if is_greedy(p) and not _has_penalties(p):
+        if is_greedy(p) and not has_penalties(p):
             continue
-        row = apply_penalties(logits[i], p, r.prompt_ids, r.output_ids) if _has_penalties(p) else logits[i]
+        row = apply_penalties(logits[i], p, r.prompt_ids, r.output_ids) if has_penalties(p) else logits[i]
         if is_greedy(p):
             tokens[i] = int(row.argmax())
             continue
-        row = row[None] / p.temperature
-        row = min_p_filter(top_p_filter(top_k_filter(row, p.top_k), p.top_p), p.min_p)
-        tokens[i] = int(torch.multinomial(row.softmax(dim=-1), 1, generator=r.generator))
+        tokens[i] = int(torch.multinomial(sampling_probs(row[None], p), 1, generator=r.generator))
     infos: list[dict | None] = [None] * len(rows)
     want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
     if want:
         lp = logits[want].log_softmax(dim=-1)
         for j, i in enumerate(want):
-            n = rows[i].params.logprobs
-            top = torch.topk(lp[j], n) if n else None
-            infos[i] = {"logprob": float(lp[j, tokens[i]]),
-                        "top": {int(t): float(v) for t, v in zip(top.indices, top.values)} if top is not None else {}}
+            infos[i] = logprob_info(lp[j], tokens[i], rows[i].params.logprobs)
     return tokens, infos
+
+
+def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy row draws from: logits [B, V] (penalties applied) -> / temperature ->
+    top-k -> top-p -> min-p -> softmax [B, V]. Speculative verification (speculative.py) holds drafts to it."""
+    row = logits.float() / p.temperature
+    return min_p_filter(top_p_filter(top_k_filter(row, p.top_k), p.top_p), p.min_p).softmax(dim=-1)
+
+
+def logprob_info(logprobs: torch.Tensor, token: int, n: int) -> dict:
+    """{"logprob": the chosen token's, "top": the n most likely {id: logprob}} from one row of log-softmax [V]."""
+    top = torch.topk(logprobs, n) if n else None
+    return {"logprob": float(logprobs[token]),
+            "top": {int(t): float(v) for t, v in zip(top.indices, top.values)} if top is not None else {}}
 

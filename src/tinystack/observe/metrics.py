@@ -13,7 +13,8 @@
     jitter            tinystack_gc_pause_seconds{generation}, tinystack_event_loop_lag_seconds (jitter.py)
     at scrape time    gauges tinystack_num_requests_running, _waiting, tinystack_kv_cache_usage (0-1);
                       counters tinystack_num_preemptions_total, _prefix_cache_{hits,queries}_total
-                      (prompt tokens), read from the engine by `EngineCollector`
+                      (prompt tokens), tinystack_spec_{proposed,accepted}_tokens_total (speculative
+                      decoding's draft tokens), read from the engine by `EngineCollector`
 
 Latency buckets run from 1 ms to 60 s (a tiny model answers in milliseconds, a big
 one under load in seconds). Every metric object is thread-safe (the engine thread
@@ -48,6 +49,8 @@ class EngineReading:
     preemptions: int = 0
     prefix_cache_hits: int = 0  # prompt tokens served from the prefix cache
     prefix_cache_queries: int = 0  # prompt tokens looked up in it
+    spec_proposed_tokens: int = 0  # speculative decoding: draft tokens the target checked
+    spec_accepted_tokens: int = 0  # ... and accepted (acceptance rate = accepted / proposed)
 
 
 class EngineCollector(Collector):
@@ -79,23 +82,30 @@ class EngineCollector(Collector):
                                    labels=labels)
         queries = CounterMetricFamily("tinystack_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
                                       labels=labels)
+        proposed = CounterMetricFamily("tinystack_spec_proposed_tokens",
+                                       "Speculative draft tokens checked by the target model.", labels=labels)
+        accepted = CounterMetricFamily("tinystack_spec_accepted_tokens",
+                                       "Speculative draft tokens the target model accepted.", labels=labels)
+        families = [running, waiting, kv, pre, hits, queries, proposed, accepted]
         if isinstance(r, dict):  # engine replicas (serve/replicas): each started fresh, so counters are totals
             for rid, one in sorted(r.items()):
-                self._add(one, EngineReading(0, 0, 0.0), [rid], running, waiting, kv, pre, hits, queries)
+                self._add(one, EngineReading(0, 0, 0.0), [rid], *families)
         elif r is not None:
-            self._add(r, self._base or r, [], running, waiting, kv, pre, hits, queries)
+            self._add(r, self._base or r, [], *families)
             self._base = self._base or r
-        return [running, waiting, kv, pre, hits, queries]
+        return families
 
     @staticmethod
     def _add(r: EngineReading, base: EngineReading, labels: list[str], running: Metric, waiting: Metric,
-             kv: Metric, pre: Metric, hits: Metric, queries: Metric) -> None:
+             kv: Metric, pre: Metric, hits: Metric, queries: Metric, proposed: Metric, accepted: Metric) -> None:
         running.add_metric(labels, r.running)
         waiting.add_metric(labels, r.waiting)
         kv.add_metric(labels, min(1.0, max(0.0, r.kv_usage)))
         pre.add_metric(labels, max(0, r.preemptions - base.preemptions))
         hits.add_metric(labels, max(0, r.prefix_cache_hits - base.prefix_cache_hits))
         queries.add_metric(labels, max(0, r.prefix_cache_queries - base.prefix_cache_queries))
+        proposed.add_metric(labels, max(0, r.spec_proposed_tokens - base.spec_proposed_tokens))
+        accepted.add_metric(labels, max(0, r.spec_accepted_tokens - base.spec_accepted_tokens))
 
 
 class ServeMetrics:

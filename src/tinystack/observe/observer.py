@@ -110,6 +110,9 @@ class Observer:
             cost = {"prompt_tokens_computed": usage.prompt_tokens, "cpu_s": round(usage.cpu_s, 6),
                     "device_s": round(usage.device_s, 6), "cost_usd": spent,
                     "cost_per_1k_tokens": cost_per_1k_tokens(spent, tokens)}
+            proposed, accepted = usage.spec_tokens
+            if proposed:  # speculative decoding: this request's acceptance
+                cost.update(spec_proposed_tokens=proposed, spec_accepted_tokens=accepted)
             m.prompt_tokens.inc(usage.prompt_tokens)
             m.generation_tokens.inc(usage.completion_tokens)
             m.cost.labels(rec.key_id).inc(spent)

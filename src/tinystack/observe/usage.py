@@ -105,3 +105,9 @@ class RequestUsage:
     @property
     def device_s(self) -> float:
         return sum(m.device_s for m in self._metrics())
+
+    @property
+    def spec_tokens(self) -> tuple[int, int]:
+        """(proposed, accepted) speculative draft tokens of this request's sequences."""
+        ms = list(self._metrics())
+        return sum(m.spec_proposed for m in ms), sum(m.spec_accepted for m in ms)

@@ -89,10 +89,12 @@ def _engine_reading(app: FastAPI) -> EngineReading | dict[str, EngineReading] | 
     if hasattr(state.adapter, "replica_stats"):  # replicas: one reading each, labelled by replica in /metrics
         return {rid: EngineReading(r.get("running", 0), r.get("waiting", 0), r.get("kv_usage", 0.0),
                                    r.get("preemptions", 0), r.get("prefix_cache_hits", 0),
-                                   r.get("prefix_cache_queries", 0))
+                                   r.get("prefix_cache_queries", 0), r.get("spec_proposed_tokens", 0),
+                                   r.get("spec_accepted_tokens", 0))
                 for rid, r in state.adapter.replica_stats().items()}
     s = state.adapter.stats()
-    return EngineReading(s.running, s.waiting, s.kv_usage, s.preemptions, s.prefix_cache_hits, s.prefix_cache_queries)
+    return EngineReading(s.running, s.waiting, s.kv_usage, s.preemptions, s.prefix_cache_hits, s.prefix_cache_queries,
+                         s.spec_proposed_tokens, s.spec_accepted_tokens)
 
 
 def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None, *,

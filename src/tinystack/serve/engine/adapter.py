@@ -73,6 +73,8 @@ class EngineStats:
     preemptions: int = 0  # totals since the engine started (paged cache only)
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    spec_proposed_tokens: int = 0  # speculative decoding: draft tokens checked / accepted
+    spec_accepted_tokens: int = 0
     # sequences the engine ended since the server started, by the engine's finish reason
     # ("stop" | "length" | "abort"): what really happened there, whatever the client was told
     ended: dict[str, int] = field(default_factory=dict)

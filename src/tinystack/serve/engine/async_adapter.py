@@ -100,7 +100,9 @@ class AsyncEngineAdapter:
                            self.max_num_seqs, kv_blocks_used=used, kv_blocks_free=free,
                            kv_usage=used / max(1, used + free), preemptions=llm.num_preemptions,
                            prefix_cache_hits=llm.prefix_cache_hit_tokens,
-                           prefix_cache_queries=llm.prefix_cache_query_tokens, ended=dict(self._ended))
+                           prefix_cache_queries=llm.prefix_cache_query_tokens,
+                           spec_proposed_tokens=llm.spec_proposed_tokens,
+                           spec_accepted_tokens=llm.spec_accepted_tokens, ended=dict(self._ended))
 
     def add_step_listener(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Call `listener(StepRecord)` on the engine thread after every step; returns its remover."""

@@ -109,7 +109,9 @@ class ReplicaAdapter:
                            kv_usage=sum(used) / max(1, len(used)),
                            preemptions=sum(s.get("preemptions", 0) for s in per),
                            prefix_cache_hits=sum(s.get("prefix_cache_hits", 0) for s in per),
-                           prefix_cache_queries=sum(s.get("prefix_cache_queries", 0) for s in per), ended=ended)
+                           prefix_cache_queries=sum(s.get("prefix_cache_queries", 0) for s in per),
+                           spec_proposed_tokens=sum(s.get("spec_proposed_tokens", 0) for s in per),
+                           spec_accepted_tokens=sum(s.get("spec_accepted_tokens", 0) for s in per), ended=ended)
 
     # ---------------------------------------------------------------- lifecycle
     def is_alive(self) -> bool:

@@ -93,6 +93,7 @@ class EngineReplica:
                 "waiting": s.waiting, "kv_usage": s.kv_usage, "kv_bytes_in_use": s.kv_bytes_in_use,
                 "max_num_seqs": s.max_num_seqs, "preemptions": s.preemptions,
                 "prefix_cache_hits": s.prefix_cache_hits, "prefix_cache_queries": s.prefix_cache_queries,
+                "spec_proposed_tokens": s.spec_proposed_tokens, "spec_accepted_tokens": s.spec_accepted_tokens,
                 "ended": dict(s.ended), "alive": self.adapter.is_alive(), "cached": cached}
 
     def check_health(self) -> None:
