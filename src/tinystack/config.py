@@ -250,7 +250,7 @@ class RunConfig:
     demo_port: int = 0  # 0 = pick a free port
     pretrained: str = "smollm2-135m-instruct"  # imported and served beside the trained model ("" = none)
     chat_questions: list[str] = field(default_factory=lambda: [
-        "What is the capital of France?",
+        "What is the capital of Japan?",
         "Name three primary colors.",
         "Write a Python function that returns the square of a number.",
     ])

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-import torch
-from serve_helpers import FaultyModel, tiny_gpt  # noqa: E402  (shared with the test files)
+from serve_helpers import FaultyModel, tiny_gpt, unbatched  # noqa: E402  (shared with the test files)
 
 from tinystack.config import ServeConfig
 from tinystack.infer import AsyncEngine, LLMEngine
@@ -47,11 +46,6 @@ def model_dir(tmp_path: Path, tokenizer: BPETokenizer, tiny_model: GPT) -> Path:
     save_model(tiny_model, path, eos_token_id=tokenizer.eos_token_id)
     tokenizer.save(path)
     return path
-
-
-def unbatched(model: torch.nn.Module, tokenizer: BPETokenizer) -> AsyncEngine:
-    """The engine serving one sequence at a time (batching "none": max_num_seqs=1)."""
-    return AsyncEngine(LLMEngine(model, tokenizer, max_num_seqs=1, num_kv_blocks=16, verbose=False))
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import unbatched
-from serve_helpers import tiny_gpt
+from serve_helpers import tiny_gpt, unbatched
 
 from tinystack.serve.guards.redis_ratelimit import RedisRateLimiter
 
