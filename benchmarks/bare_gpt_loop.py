@@ -9,8 +9,9 @@ steps (nanoGPT scores train and val there; only val here, as our loop does). No 
 checkpoints.
 
 `BareLoop(..., dtype="bfloat16", fused=True)` is the same loop with our settings applied (bf16 autocast
-with float32 attention, as `tinystack.model.attention` does, and fused AdamW): the fair comparison for
-our loop's own overhead. The defaults are nanoGPT as it ships for CPU (float32, unfused AdamW, no compile).
+with float32 attention, as `tinystack.model.attention` does; fused AdamW and foreach clipping, as
+`tinystack.train.loop` does): the fair comparison for our loop's own overhead. The defaults are nanoGPT
+as it ships for CPU (float32, unfused AdamW, no compile).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class BareLoop:
         torch.manual_seed(seed)
         self.tokens, self.T, self.B, self.cfg = tokens, block_size, batch_size, cfg
         self.model = BareGPT(vocab, block_size, n_layer, n_head, n_embd)
-        self.bf16, self.val_batches, self.val = dtype == "bfloat16", val_batches, float("nan")
+        self.bf16, self.fused, self.val_batches, self.val = dtype == "bfloat16", fused, val_batches, float("nan")
         for block in self.model.h:
             block.attn_fp32 = self.bf16
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
@@ -104,7 +105,7 @@ class BareLoop:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 loss = self.model(x, y)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self.fused or None)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.loss = loss.item()

@@ -8,7 +8,7 @@ steps, dropout 0) three ways, interleaved over --trials trials (the order rotate
                  (dtype "auto": float32 or bf16 autocast, measured at start; the choice is recorded)
     nanogpt      benchmarks/bare_gpt_loop.BareLoop as nanoGPT ships for CPU: float32, unfused AdamW, no
                  compile, .item() every step, val loss every eval_interval (the anchor of the target)
-    bare_same    the same bare loop with our precision and fused AdamW: how much our loop itself costs
+    bare_same    the same bare loop with our precision, fused AdamW, foreach clipping: what our loop itself costs
 
 tokens/s is steps x batch x context over the whole call's wall time (model build, the precision probe, the
 periodic val losses included), median over trials. Reported: ours/nanogpt (target >= 1.2x), ours/bare_same,
