@@ -94,9 +94,9 @@ def main() -> None:
     kept: dict[str, Any] = {}
 
     def ours() -> float:
-        model, result = train(gcfg, train_ids, val_ids, tc, log_path=log if "ours" not in kept else None,
-                              progress=False)
-        kept.setdefault("ours", (model, result))
+        # the JSONL log every step, as `tinystack train` writes it (each trial rewrites it; the last one stays)
+        model, result = train(gcfg, train_ids, val_ids, tc, log_path=log, progress=False)
+        kept["ours"] = (model, result)
         return batches_loss(model, final_val, result.dtype, "cpu")[0]
 
     def bare(dtype: str, fused: bool) -> Callable[[], float]:
