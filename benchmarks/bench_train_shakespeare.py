@@ -97,6 +97,7 @@ def main() -> None:
         # the JSONL log every step, as `tinystack train` writes it (each trial rewrites it; the last one stays)
         model, result = train(gcfg, train_ids, val_ids, tc, log_path=log, progress=False)
         kept["ours"] = (model, result)
+        kept.setdefault("dtypes", []).append(result.dtype)
         return batches_loss(model, final_val, result.dtype, "cpu")[0]
 
     def bare(dtype: str, fused: bool) -> Callable[[], float]:
@@ -126,7 +127,7 @@ def main() -> None:
         "config": os.path.relpath(args.config, ROOT), "quick": args.quick, "trials": args.trials,
         "steps": tc.max_iters, "batch_size": tc.batch_size, "block_size": m.block_size, "params": model.num_params(),
         "vocab_size": tok.vocab_size, "threads": torch.get_num_threads(),
-        "precision": {"ours": result.dtype, "probe": result.precision_probe, "bare_same": result.dtype},
+        "precision": {"ours_per_trial": kept["dtypes"], "probe_last_trial": result.precision_probe},
         "tokens_per_s": {k: round(v, 1) for k, v in med.items()},
         "tokens_per_s_trials": {k: [round(x, 1) for x in v] for k, v in tps.items()},
         "ours_over_nanogpt": round(med["ours"] / med["nanogpt"], 3),
@@ -140,7 +141,7 @@ def main() -> None:
     png = plot_loss_curve(log, out_path.with_suffix(".png"), title="shakespeare-char: loss (ours, CPU)")
     res.update(png=os.path.relpath(png, ROOT), log=os.path.relpath(log, ROOT))
     write_json(out_path, finish(res))
-    print(f"precision: {result.dtype} ({res['precision']['probe'] or 'as configured'})")
+    print(f"precision per trial: {kept['dtypes']} (last: {result.precision_probe or 'as configured'})")
     print(f"tokens/s (median of {args.trials}): ours {med['ours']:,.0f}, nanoGPT loop {med['nanogpt']:,.0f}, "
           f"bare loop with our settings {med['bare_same']:,.0f} -> ours/nanoGPT {res['ours_over_nanogpt']:.2f}x "
           f"(target >= {TARGET_RATIO}x), ours/bare_same {res['ours_over_bare_same']:.2f}x")
