@@ -123,6 +123,7 @@ def main() -> None:
                   flush=True)
     model, result = kept["ours"]
     med = {k: statistics.median(v) for k, v in tps.items()}
+    probe_s = result.precision_probe["probe_s"] if result.precision_probe else 0.0
     res.update({
         "config": os.path.relpath(args.config, ROOT), "quick": args.quick, "trials": args.trials,
         "steps": tc.max_iters, "batch_size": tc.batch_size, "block_size": m.block_size, "params": model.num_params(),
@@ -132,6 +133,8 @@ def main() -> None:
         "tokens_per_s_trials": {k: [round(x, 1) for x in v] for k, v in tps.items()},
         "ours_over_nanogpt": round(med["ours"] / med["nanogpt"], 3),
         "ours_over_bare_same": round(med["ours"] / med["bare_same"], 3),
+        # the probe is a fixed cost (~12 forward/backward passes): ~1% of 2,000 steps, much more of --quick's 60
+        "probe_share_of_ours_last_trial": round(probe_s * tps["ours"][-1] / tokens_per_run, 3),
         "val_loss_final": {k: round(v, 4) for k, v in vals.items()}, "val_batches_final": len(final_val),
         "target": {"ours_over_nanogpt": TARGET_RATIO, "val_loss": TARGET_VAL},
     })

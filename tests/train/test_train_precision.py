@@ -61,7 +61,7 @@ def test_auto_trains_exactly_as_the_dtype_it_chose():
     c = cfg(max_iters=15, eval_interval=15)
     auto_model, auto = train(TINY, data, data, cfg(max_iters=15, eval_interval=15, dtype="auto"), progress=False)
     assert auto.dtype in precision.AUTO_CANDIDATES and auto.precision_probe["chosen"] == auto.dtype
-    assert set(auto.precision_probe["ms_per_step"]) == {"float32", "bfloat16"}
+    assert set(auto.precision_probe["ms_per_step"]) == {"float32", "bfloat16"} and auto.precision_probe["probe_s"] > 0
     c.dtype = auto.dtype
     fixed_model, fixed = train(TINY, data, data, c, progress=False)
     for (name, a), (_, b) in zip(auto_model.state_dict().items(), fixed_model.state_dict().items()):

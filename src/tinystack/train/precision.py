@@ -53,6 +53,7 @@ def pick_by_measurement(run_step: Callable[[str], float], candidates: Sequence[s
     The first candidate is the reference (float32): another wins only if its median time is at least
     MIN_SPEEDUP faster and its loss is within LOSS_RTOL of the reference's. A candidate that raises
     (no bf16 on this device) is dropped. Interleaving keeps the comparison fair on a shared machine."""
+    t_start = time.perf_counter()
     times: dict[str, list[float]] = {c: [] for c in candidates}
     losses: dict[str, float] = {}
     errors: dict[str, str] = {}
@@ -78,7 +79,8 @@ def pick_by_measurement(run_step: Callable[[str], float], candidates: Sequence[s
             chosen = c
     record = {"chosen": chosen, "ms_per_step": {c: round(v, 2) for c, v in median_ms.items()},
               "loss": {c: round(v, 5) for c, v in losses.items()}, "loss_agrees": agree, "rounds": rounds,
-              "speedup": round(median_ms[ref] / median_ms[chosen], 3), **({"failed": errors} if errors else {})}
+              "speedup": round(median_ms[ref] / median_ms[chosen], 3),
+              "probe_s": round(time.perf_counter() - t_start, 3), **({"failed": errors} if errors else {})}
     return chosen, record
 
 
