@@ -108,6 +108,9 @@ def main() -> None:
             return loop.val_loss(final_val)
         return run
 
+    for dtype in ("float32", "bfloat16"):  # untimed warm-up: the process's first kernels (oneDNN) for these shapes
+        BareLoop(train_ids, tok.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, tc.batch_size, tc,
+                 dtype=dtype).run(3)
     runners: dict[str, Callable[[], float]] = {"ours": ours, "nanogpt": bare("float32", False)}
     tps: dict[str, list[float]] = {k: [] for k in [*runners, "bare_same"]}
     vals: dict[str, float] = {}
