@@ -4,7 +4,14 @@ Same architecture as tinystack's GPT (GPT-2: pre-LayerNorm, biases, tanh-GELU, t
 SDPA causal attention) and nanoGPT's CPU training step: random windows from the token array,
 forward, cross-entropy, backward, clip to norm 1, AdamW (torch's default CPU implementation, as
 nanoGPT uses fused only on CUDA), zero_grad(set_to_none=True), the loss read with .item() every step
-(nanoGPT's README CPU command logs every step). No trainer, no logging, no checkpoints.
+(nanoGPT's README CPU command logs every step), the val loss on `eval_iters` batches every `eval_interval`
+steps (nanoGPT scores train and val there; only val here, as our loop does). No trainer, no logging, no
+checkpoints.
+
+`BareLoop(..., dtype="bfloat16", fused=True)` is the same loop with our settings applied (bf16 autocast
+with float32 attention, as `tinystack.model.attention` does; fused AdamW and foreach clipping, as
+`tinystack.train.loop` does): the fair comparison for our loop's own overhead. The defaults are nanoGPT
+as it ships for CPU (float32, unfused AdamW, no compile).
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ import torch.nn.functional as F
 class _Block(nn.Module):
     def __init__(self, d: int, n_head: int):
         super().__init__()
-        self.n_head = n_head
+        self.n_head, self.attn_fp32 = n_head, False
         self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
@@ -29,7 +36,12 @@ class _Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+        if self.attn_fp32:  # under bf16 autocast: as tinystack's attention does on CPU
+            with torch.autocast("cpu", enabled=False):
+                y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.c_proj(y)
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -53,22 +65,26 @@ class BareGPT(nn.Module):
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
 class BareLoop:
     """nanoGPT's training loop state; `run(n)` does n more steps and returns their wall seconds."""
 
     def __init__(self, tokens: np.ndarray, vocab: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
-                 batch_size: int, cfg, seed: int = 1337):
+                 batch_size: int, cfg, seed: int = 1337, *, dtype: str = "float32", fused: bool = False,
+                 val_batches=None):
         torch.manual_seed(seed)
         self.tokens, self.T, self.B, self.cfg = tokens, block_size, batch_size, cfg
         self.model = BareGPT(vocab, block_size, n_layer, n_head, n_embd)
+        self.bf16, self.fused, self.val_batches, self.val = dtype == "bfloat16", fused, val_batches, float("nan")
+        for block in self.model.h:
+            block.attn_fp32 = self.bf16
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         rest = [p for p in self.model.parameters() if p.dim() < 2]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                       {"params": rest, "weight_decay": 0.0}],
-                                     lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+                                     lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
         self.step, self.loss = 0, float("nan")
 
     def _lr(self, it: int) -> float:  # nanoGPT's get_lr: linear warmup, cosine to min_lr
@@ -86,18 +102,22 @@ class BareLoop:
             ix = torch.randint(len(self.tokens) - self.T, (self.B,))
             x = torch.stack([torch.from_numpy(self.tokens[i:i + self.T].astype(np.int64)) for i in ix])
             y = torch.stack([torch.from_numpy(self.tokens[i + 1:i + 1 + self.T].astype(np.int64)) for i in ix])
-            loss = self.model(x, y)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                loss = self.model(x, y)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip, foreach=self.fused or None)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             self.loss = loss.item()
             self.step += 1
+            if self.val_batches and (self.step % self.cfg.eval_interval == 0 or self.step == self.cfg.max_iters):
+                self.val = self.val_loss(self.val_batches)
         return time.perf_counter() - t0
 
     @torch.no_grad()
     def val_loss(self, batches) -> float:
         self.model.eval()
-        out = float(np.mean([self.model(torch.from_numpy(x), torch.from_numpy(y)).item() for x, y in batches]))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            out = float(np.mean([self.model(torch.from_numpy(x), torch.from_numpy(y)).item() for x, y in batches]))
         self.model.train()
         return out

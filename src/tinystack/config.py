@@ -101,8 +101,9 @@ class TrainConfig:
     eval_iters: int = 20
     seed: int = 1337
     backend: Literal["torch", "numpy"] = "torch"  # numpy: the hand-written backward of tinystack.nn
-    # bfloat16: autocast (CPU/CUDA); float16: CUDA + GradScaler
-    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "float32"
+    # bfloat16: autocast (CPU/CUDA); float16: CUDA + GradScaler; auto: float32 or bf16 autocast, whichever a few
+    # timed steps at the start show faster on this machine (with matching loss); the choice is in the run's result
+    dtype: Literal["float32", "bfloat16", "float16", "float64", "auto"] = "float32"
     grad_accum_steps: int = 1  # micro-batches of batch_size per optimiser step (per rank)
     compile: bool = False  # torch.compile the model
     ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end

@@ -96,9 +96,9 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     from tinystack.data.io.records import write_jsonl
     from tinystack.data.io.rejects import Rejects
     from tinystack.infer.chat import chat_formatter
-    from tinystack.tokenizer import load_tokenizer
     from tinystack.model.io import read_lineage
     from tinystack.pipeline import console, file_sha256
+    from tinystack.tokenizer import load_tokenizer
     from tinystack.train.checkpoint import save_model_dir
     from tinystack.train.distributed import is_main_process
     from tinystack.train.finetune_batches import ConversationBatches, fixed_batches
@@ -141,7 +141,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         "base_model": str(base_dir), "data": {"file": str(data_path), "sha256": file_sha256(data_path),
                                               **prep.summary(rejects)},
         "method": f"lora r={ft.lora}" if ft.lora > 0 else "full", "trainable_params": trainable,
-        "result": result.to_dict(), "heldout": heldout_comparison(model, base_dir, val_batches, tcfg.dtype,
+        "result": result.to_dict(), "heldout": heldout_comparison(model, base_dir, val_batches, result.dtype,
                                                                   cfg.run.device, len(val_ex))}
     if not main:
         return report

@@ -28,7 +28,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +42,7 @@ from tinystack.config import TrainConfig
 from tinystack.errors import UserError
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.nn.schedule import lr_at
+from tinystack.progress import console
 from tinystack.train import precision
 from tinystack.train.batches import BatchSampler, eval_batches, get_batch
 from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
@@ -79,6 +80,8 @@ class TrainResult:
     tokens_per_s: float
     wall_s: float
     resumed_from: int = 0  # the step training resumed at (0: a fresh run)
+    dtype: str = ""  # the precision trained in (train.dtype, or what `auto` measured and chose)
+    precision_probe: dict[str, Any] | None = None  # auto: the measurements behind the choice
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -217,13 +220,22 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
         model = model.double()
     model.train()
     opt = make_optimizer(model, cfg)
-    scaler = precision.grad_scaler(cfg.dtype, dev.type)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
-    start, best_val, val_loss = 0, None, None
+    start, best_val, val_loss, ckpt, probe = 0, None, None, None, None
     if resume:
         if ckpt_dir is None or not (ckpt_dir / LAST).is_file():
             raise FileNotFoundError(f"--resume: no checkpoint {ckpt_dir and ckpt_dir / LAST}")
         ckpt = load_checkpoint(ckpt_dir / LAST)
+    if cfg.dtype == "auto":  # a resume keeps the precision the run chose (its checkpoint's train_config)
+        if ckpt:
+            dtype = ckpt["train_config"]["dtype"]
+        else:
+            dtype, probe = _probe_precision(model, sampler, cfg, info, dev)
+            if progress and info.is_main:
+                console.print(precision.describe(probe))
+        cfg = replace(cfg, dtype=dtype)
+    scaler = precision.grad_scaler(cfg.dtype, dev.type)
+    if ckpt:
         _restore(ckpt, model, opt, scaler, sampler, dev)
         start, best_val, val_loss = ckpt["step"], ckpt["best_val_loss"], ckpt["val_loss"]
     fwd: torch.nn.Module = torch.compile(model) if cfg.compile else model
@@ -273,14 +285,29 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
                 if "val_loss" in record and progress and info.is_main:  # a plain line too, for logs and CI output
                     bar.console.print(f"step {step + 1}/{cfg.max_iters}: loss {loss_value:.3f}{val_txt}, "
                                       f"lr {lr:.2e}, {record['tokens_per_s']:,.0f} tokens/s")
-                bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {record['tokens_per_s']:,.0f} tok/s")
+                tps = record["tokens_per_s"]
+                bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {tps:,.0f} tok/s")
     finally:
         if log:
             log.close()
     wall = time.perf_counter() - t_start
     model.eval()
     return model, TrainResult(cfg.max_iters, loss_value, val_loss, best_val,
-                              tokens_done / wall if wall > 0 else 0.0, wall, start)
+                              tokens_done / wall if wall > 0 else 0.0, wall, start, cfg.dtype, probe)
+
+
+def _probe_precision(model: torch.nn.Module, sampler: BatchSource, cfg: TrainConfig, info: DistInfo,
+                     dev: torch.device) -> tuple[str, dict[str, Any]]:
+    """train.dtype=auto: time float32 vs bf16 autocast on one training batch (precision.probe), the data position
+    put back afterwards so the run sees the batches it would have seen. Under DDP bf16 is used only if every
+    rank chose it, so all ranks train alike."""
+    position = sampler.state_dict()
+    x, y = sampler.sample(cfg.batch_size)
+    sampler.load_state_dict(position)
+    dtype, record = precision.probe(model, *_trim(torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)), lm_loss)
+    if info.enabled and mean_across_ranks(float(dtype != "float32"), info, str(dev)) < 1.0:
+        dtype = record["chosen"] = "float32"
+    return dtype, record
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler, sampler: BatchSource,
@@ -309,7 +336,9 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
         opt.zero_grad(set_to_none=True)
         raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping ({DIVERGED})")
     scaler.unscale_(opt)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+    # foreach: one multi-tensor norm and scale instead of two small ops per tensor (~20% less clipping time on CPU)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip,
+                                                     foreach=dev.type in ("cpu", "cuda")))
     if not math.isfinite(grad_norm) and not scaler.is_enabled():  # fp16: the scaler skips such steps itself
         opt.zero_grad(set_to_none=True)
         raise NonFiniteLossError(f"gradient norm became {grad_norm} at step {step}; stopping ({DIVERGED})")

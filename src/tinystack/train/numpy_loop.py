@@ -29,7 +29,7 @@ from tinystack.nn.schedule import lr_at
 from tinystack.train.batches import BatchSampler, eval_batches
 from tinystack.train.loop import NonFiniteLossError, TrainResult
 
-_NP_DTYPES = {"float32": np.float32, "float64": np.float64}
+_NP_DTYPES = {"float32": np.float32, "float64": np.float64, "auto": np.float32}  # auto: NumPy has no bf16
 
 
 def init_numpy_gpt(model_cfg: GPTConfig, seed: int, dtype: Any = np.float32) -> GPT:
@@ -40,7 +40,8 @@ def init_numpy_gpt(model_cfg: GPTConfig, seed: int, dtype: Any = np.float32) -> 
 
 def estimate_loss_numpy(model: GPT, tokens: np.ndarray, cfg: TrainConfig) -> float:
     model.eval()
-    losses = [model.loss(x, y) for x, y in eval_batches(tokens, cfg.batch_size, model.config.block_size, cfg.eval_iters)]
+    batches = eval_batches(tokens, cfg.batch_size, model.config.block_size, cfg.eval_iters)
+    losses = [model.loss(x, y) for x, y in batches]
     model.train()
     return float(np.mean(losses))
 
@@ -95,7 +96,8 @@ def train_numpy(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.n
                 if log:
                     log.write(json.dumps(record) + "\n")
                 val_txt = f" val {val_loss:.3f}" if val_loss is not None else ""
-                bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {record['tokens_per_s']:,.0f} tok/s")
+                tps = record["tokens_per_s"]
+                bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {tps:,.0f} tok/s")
     finally:
         if log:
             log.close()

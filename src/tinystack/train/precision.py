@@ -1,18 +1,29 @@
-"""Mixed precision: which autocast context and gradient scaler a `[train] dtype` means.
+"""Mixed precision: which autocast context and gradient scaler a `[train] dtype` means, and `auto`.
 
     float32   no autocast
     float64   the model is cast to float64, no autocast (for exact comparisons with the NumPy backend)
     bfloat16  autocast to bf16 on CPU or CUDA; bf16 has float32's exponent range, so no scaler
     float16   autocast to fp16, CUDA only, with a GradScaler (fp16 gradients underflow without one)
+    auto      measured at the start of training (`pick_by_measurement`): a few forward/backward passes
+              of float32 and of bf16 autocast on one batch, interleaved; bf16 wins only when it is
+              clearly faster on this machine AND its loss agrees with float32's. Whether bf16 pays
+              depends on the hardware (AMX / AVX-512-bf16 CPUs, tensor cores) and on the matrix sizes,
+              so it is never assumed.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ContextManager
 
 import torch
 
-DTYPES = ("float32", "float64", "bfloat16", "float16")
+DTYPES = ("float32", "float64", "bfloat16", "float16", "auto")
+AUTO_CANDIDATES = ("float32", "bfloat16")
+MIN_SPEEDUP = 1.05  # bf16 must be at least this much faster: below it, timing noise would flip the choice
+LOSS_RTOL = 0.01  # bf16's probe loss within 1% of float32's (both on the same batch and weights)
 
 
 def check_dtype(name: str, device_type: str) -> None:
@@ -32,3 +43,67 @@ def autocast(name: str, device_type: str) -> ContextManager[object]:
 def grad_scaler(name: str, device_type: str) -> torch.amp.GradScaler:
     """A GradScaler, enabled only for float16 (disabled, its methods pass straight through)."""
     return torch.amp.GradScaler(device_type, enabled=(name == "float16"))
+
+
+def pick_by_measurement(run_step: Callable[[str], float], candidates: Sequence[str] = AUTO_CANDIDATES,
+                        rounds: int = 5) -> tuple[str, dict[str, Any]]:
+    """Resolve `auto`: time `run_step(dtype)` (one forward/backward, returning its loss) for each candidate,
+    interleaved over `rounds` after one warm-up each, and return (chosen dtype, the record of why).
+
+    The first candidate is the reference (float32): another wins only if its median time is at least
+    MIN_SPEEDUP faster and its loss is within LOSS_RTOL of the reference's. A candidate that raises
+    (no bf16 on this device) is dropped. Interleaving keeps the comparison fair on a shared machine."""
+    t_start = time.perf_counter()
+    times: dict[str, list[float]] = {c: [] for c in candidates}
+    losses: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for c in candidates:  # warm-up: first-call allocations and kernel selection, not timed
+        try:
+            losses[c] = float(run_step(c))
+        except (RuntimeError, TypeError) as e:
+            errors[c] = f"{type(e).__name__}: {e}"[:200]
+    alive = [c for c in candidates if c not in errors]
+    for _ in range(rounds):
+        for c in alive:
+            t0 = time.perf_counter()
+            run_step(c)
+            times[c].append(time.perf_counter() - t0)
+    ref = candidates[0]
+    if ref not in alive:
+        raise RuntimeError(f"train.dtype=auto: the reference {ref} step failed: {errors[ref]}")
+    median_ms = {c: statistics.median(times[c]) * 1e3 for c in alive}
+    agree = {c: abs(losses[c] - losses[ref]) <= LOSS_RTOL * abs(losses[ref]) for c in alive}
+    chosen = ref
+    for c in alive[1:]:
+        if agree[c] and median_ms[ref] / median_ms[c] >= MIN_SPEEDUP and median_ms[c] < median_ms[chosen]:
+            chosen = c
+    record = {"chosen": chosen, "ms_per_step": {c: round(v, 2) for c, v in median_ms.items()},
+              "loss": {c: round(v, 5) for c, v in losses.items()}, "loss_agrees": agree, "rounds": rounds,
+              "speedup": round(median_ms[ref] / median_ms[chosen], 3),
+              "probe_s": round(time.perf_counter() - t_start, 3), **({"failed": errors} if errors else {})}
+    return chosen, record
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line for the console: the choice and the measurements behind it."""
+    ms = ", ".join(f"{c} {v:.1f} ms" for c, v in record["ms_per_step"].items())
+    loss = ", ".join(f"{c} {v:.4f}" for c, v in record["loss"].items())
+    return f"precision auto -> {record['chosen']} (forward+backward {ms}; probe loss {loss})"
+
+
+def probe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], rounds: int = 5) -> tuple[str, dict[str, Any]]:
+    """`pick_by_measurement` on real forward/backward passes of `model` over the batch x -> y. Leaves no trace:
+    the gradients are dropped after each pass, no weight changes and the RNG state (dropout) is restored."""
+    device_type = x.device.type
+
+    def run_step(dtype: str) -> float:
+        with autocast(dtype, device_type):
+            logits, _ = model(x)
+        loss = loss_fn(logits, y)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    with torch.random.fork_rng(devices=[x.device] if device_type == "cuda" else []):
+        return pick_by_measurement(run_step, rounds=rounds)

@@ -63,7 +63,8 @@ def stage_train(cfg: Config, tok_dir: Path, model_dir: Path, log_path: Path, lin
         except ImportError:
             console.print("[dim]train: matplotlib is not installed, no loss-curve PNG[/dim]")
     val_txt = f", val loss {result.final_val_loss:.3f}" if result.final_val_loss is not None else ""
-    console.print(f"train[{cfg.train.backend}]: {model.num_params():,} parameters, {result.steps} steps in "
+    dtype = f", {result.dtype}" if result.dtype else ""  # what dtype=auto chose is part of the run's output
+    console.print(f"train[{cfg.train.backend}{dtype}]: {model.num_params():,} parameters, {result.steps} steps in "
                   f"{result.wall_s:.1f}s, {result.tokens_per_s:,.0f} tokens/s, train loss "
                   f"{result.final_train_loss:.3f}{val_txt} -> {model_dir}")
     return {**info, "weights_sha256": file_sha256(model_dir / "model.safetensors")}
