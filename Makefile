@@ -38,6 +38,7 @@ redis:
 		|| echo "warning: could not install redis-server (needs root and Debian's apt); the Redis rate-limit test will fail"
 
 test: setup-dev browser redis
+	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m pytest -q $(ARGS)
 
 clean:
