@@ -9,14 +9,18 @@ A step runs R sequences, row r feeding n_r new tokens at positions p_r..p_r+n_r-
 The rows are PACKED, not padded: the model sees one row of N = sum(n_r) tokens
 (ids [1, N], `positions` [1, N]), so a 400-token prefill chunk next to 63 one-token
 decodes costs 463 token-rows in every linear layer, not 64 x 400.
-`BatchView.attend(layer, q, k, v)` is the attention over the cache, per sequence:
+`BatchView.attend(layer, q, k, v)` is the attention over the cache:
   write:  the N new keys/values go to their slots (block_table[pos // bs] * bs + pos % bs)
-  read:   row r's keys 0..p_r+n_r-1: a view when its blocks are consecutive in storage
-          (always for the contiguous cache), else a gather of just that row's blocks
-  attend: its n_r queries against them (causal within the chunk), one SDPA call per row.
-Why per row and not one padded [R, S_max] gather: at decode, attention is bound by
-reading the cache; padding every row to the longest context and gathering it into a
-new tensor moved ~8x more bytes than reading each row's own keys where they lie.
+  decode rows (one new token each, two or more of them): ONE SDPA call for all of them; each
+          row's keys 0..S_r-1 are gathered through its block table into a [D, S_max] batch padded
+          to the longest context, the padding masked. The slot indices are built once per step
+          (tensor ops, no Python loop over sequences) and serve every layer.
+  other rows (prefill chunks, or a lone decode): per row, keys 0..p_r+n_r-1 read as a view when
+          its blocks are consecutive in storage (always for the contiguous cache), else gathered
+          from just that row's blocks; its n_r queries attend causally within the chunk.
+Why batch the decodes: a step of R decodes costs 2 layers x R SDPA calls and reads otherwise, and
+for a thin model (SmolLM2: 30 layers) that per-call overhead, not the bytes, dominated. The
+gather copies each row's keys once per layer (padding included), which the per-row views did not.
 """
 from __future__ import annotations
 
@@ -57,24 +61,30 @@ class BatchView:
 
     `positions` [1, N] and `last_index` [R] (each row's last token in the packed order) are
     what the model needs besides the ids; `offsets[r]` is where row r starts in the packing.
+    `batch_decodes=False` attends every row on its own (the reference the batched path is tested against).
     """
 
     def __init__(self, storage: KVStorage, block_tables: list[list[int]], starts: list[int], lengths: list[int],
-                 device: torch.device):
+                 device: torch.device, batch_decodes: bool = True):
         bs = storage.block_size
         self.storage = storage
         self.starts, self.lengths = list(starts), list(lengths)
         self.offsets = [0]
         for n in lengths[:-1]:
             self.offsets.append(self.offsets[-1] + n)
+        decodes = [r for r, n in enumerate(lengths) if n == 1] if batch_decodes and len(lengths) > 1 else []
+        self.decodes = decodes if len(decodes) > 1 else []
+        batched = set(self.decodes)
         slots, pos = [], []
-        self.reads: list[tuple[int, int] | torch.Tensor] = []  # per row: (first slot, S) view, or block ids
-        for s, n, table in zip(starts, lengths, block_tables):
+        self.reads: list[tuple[int, int] | torch.Tensor | None] = []  # per row: (first slot, S) view, block ids
+        for r, (s, n, table) in enumerate(zip(starts, lengths, block_tables)):
             slots.extend(table[p // bs] * bs + p % bs for p in range(s, s + n))
             pos.extend(range(s, s + n))
             S = s + n
             nblk = -(-S // bs)
-            if all(table[i] == table[0] + i for i in range(nblk)):
+            if r in batched:
+                self.reads.append(None)  # read through the batch's slot table below
+            elif all(table[i] == table[0] + i for i in range(nblk)):
                 self.reads.append((table[0] * bs, S))
             else:
                 self.reads.append(torch.tensor(table[:nblk], dtype=torch.long, device=device))
@@ -82,6 +92,25 @@ class BatchView:
         self.positions = torch.tensor([pos], dtype=torch.long, device=device)
         self.last_index = torch.tensor([o + n - 1 for o, n in zip(self.offsets, lengths)], dtype=torch.long,
                                        device=device)
+        if self.decodes:
+            self._plan_decodes(block_tables, device)
+
+    def _plan_decodes(self, block_tables: list[list[int]], device: torch.device) -> None:
+        """Slot of every (decode row, key position < S_max) and the mask of the real ones, for all layers."""
+        bs, rows = self.storage.block_size, self.decodes
+        lens = torch.tensor([self.starts[r] + 1 for r in rows], device=device)
+        s_max = int(lens.max())
+        nblk = -(-s_max // bs)
+        tables = torch.zeros(len(rows), nblk, dtype=torch.long, device=device)  # padding: block 0, masked
+        for i, r in enumerate(rows):
+            t = block_tables[r][:nblk]
+            tables[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        slots = (tables[:, :, None] * bs + torch.arange(bs, device=device)).flatten(1)[:, :s_max]
+        self.decode_slots = slots.reshape(-1)  # [D * S_max]
+        self.decode_shape = (len(rows), s_max)
+        self.decode_mask = (torch.arange(s_max, device=device) < lens[:, None])[:, None, None]  # [D, 1, 1, S_max]
+        self.decode_tokens = torch.tensor([self.offsets[r] for r in rows], dtype=torch.long, device=device)
+        self.all_decodes = len(rows) == len(self.lengths)
 
     def _history(self, store: torch.Tensor, r: int) -> torch.Tensor:
         """Row r's keys (or values) 0..S-1 from one layer's store -> [1, nkv, S, hd]."""
@@ -102,10 +131,24 @@ class BatchView:
         gqa = k.size(1) != q.size(1)
         if len(self.lengths) == 1:
             return self._attend_row(0, q, kl, vl, gqa)
+        if self.decodes and self.all_decodes:  # the steady state of continuous batching: one call
+            return self._attend_decodes(q[0].transpose(0, 1)[:, :, None], kl, vl, gqa)[:, :, 0].transpose(0, 1)[None]
         out = torch.empty_like(q)
+        if self.decodes:
+            qd = q[0].index_select(1, self.decode_tokens).transpose(0, 1)[:, :, None]  # [D, nh, 1, hd]
+            out[0].index_copy_(1, self.decode_tokens, self._attend_decodes(qd, kl, vl, gqa)[:, :, 0].transpose(0, 1))
         for r, (o, n) in enumerate(zip(self.offsets, self.lengths)):
-            out[:, :, o:o + n] = self._attend_row(r, q[:, :, o:o + n], kl, vl, gqa)
+            if self.reads[r] is not None:
+                out[:, :, o:o + n] = self._attend_row(r, q[:, :, o:o + n], kl, vl, gqa)
         return out
+
+    def _attend_decodes(self, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor, gqa: bool) -> torch.Tensor:
+        """q [D, nh, 1, hd] of the decode rows -> [D, nh, 1, hd]: one SDPA over their padded, masked histories."""
+        def gather(store: torch.Tensor) -> torch.Tensor:
+            flat = store.view(-1, *store.shape[2:])  # [slots, nkv, hd]
+            return flat.index_select(0, self.decode_slots).view(*self.decode_shape, *flat.shape[1:]).transpose(1, 2)
+
+        return F.scaled_dot_product_attention(q, gather(kl), gather(vl), attn_mask=self.decode_mask, enable_gqa=gqa)
 
     def _attend_row(self, r: int, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor, gqa: bool) -> torch.Tensor:
         keys, values = self._history(kl, r), self._history(vl, r)
