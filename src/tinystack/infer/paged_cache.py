@@ -46,6 +46,9 @@ class KVStorage:
         shape = (n_layer, num_blocks, block_size, n_kv_head, head_dim)
         self.k, self.v = (_zeros(shape, dtype, torch.device(device), hugepages) for _ in "kv")
         self.block_size = block_size
+        # per layer, the store as [slots, n_kv_head, head_dim] (views, made once: a step asks 2 x n_layer times)
+        self.k_slots = [self.k[i].view(-1, n_kv_head, head_dim) for i in range(n_layer)]
+        self.v_slots = [self.v[i].view(-1, n_kv_head, head_dim) for i in range(n_layer)]
 
     @staticmethod
     def bytes_per_block(n_layer: int, block_size: int, n_kv_head: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -112,22 +115,21 @@ class BatchView:
         self.decode_tokens = torch.tensor([self.offsets[r] for r in rows], dtype=torch.long, device=device)
         self.all_decodes = len(rows) == len(self.lengths)
 
-    def _history(self, store: torch.Tensor, r: int) -> torch.Tensor:
-        """Row r's keys (or values) 0..S-1 from one layer's store -> [1, nkv, S, hd]."""
+    def _history(self, flat: torch.Tensor, r: int) -> torch.Tensor:
+        """Row r's keys (or values) 0..S-1 from one layer's store [slots, nkv, hd] -> [1, nkv, S, hd]."""
         read, S = self.reads[r], self.starts[r] + self.lengths[r]
         if isinstance(read, tuple):
-            first = read[0]
-            rows = store.view(-1, *store.shape[2:])[first: first + S]  # a view: nothing copied
+            rows = flat[read[0]: read[0] + S]  # a view: nothing copied
         else:
-            rows = store[read].flatten(0, 1)[:S]  # [nblk * bs -> S, nkv, hd], only this row's blocks
+            bs = self.storage.block_size
+            rows = flat.view(-1, bs, *flat.shape[1:])[read].flatten(0, 1)[:S]  # only this row's blocks
         return rows.transpose(0, 1)[None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [1, nh, N, hd], k/v [1, nkv, N, hd] of the packed new tokens -> attention output [1, nh, N, hd]."""
-        st = self.storage
-        kl, vl = st.k[layer], st.v[layer]
-        for store, new in ((kl, k), (vl, v)):
-            store.view(-1, *store.shape[2:]).index_copy_(0, self.slots, new[0].transpose(0, 1))
+        kl, vl = self.storage.k_slots[layer], self.storage.v_slots[layer]
+        kl.index_copy_(0, self.slots, k[0].transpose(0, 1))
+        vl.index_copy_(0, self.slots, v[0].transpose(0, 1))
         gqa = k.size(1) != q.size(1)
         if len(self.lengths) == 1:
             return self._attend_row(0, q, kl, vl, gqa)
@@ -144,8 +146,7 @@ class BatchView:
 
     def _attend_decodes(self, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor, gqa: bool) -> torch.Tensor:
         """q [D, nh, 1, hd] of the decode rows -> [D, nh, 1, hd]: one SDPA over their padded, masked histories."""
-        def gather(store: torch.Tensor) -> torch.Tensor:
-            flat = store.view(-1, *store.shape[2:])  # [slots, nkv, hd]
+        def gather(flat: torch.Tensor) -> torch.Tensor:  # [slots, nkv, hd] -> [D, nkv, S_max, hd]
             return flat.index_select(0, self.decode_slots).view(*self.decode_shape, *flat.shape[1:]).transpose(1, 2)
 
         return F.scaled_dot_product_attention(q, gather(kl), gather(vl), attn_mask=self.decode_mask, enable_gqa=gqa)

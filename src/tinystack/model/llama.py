@@ -70,18 +70,22 @@ class RMSNorm(nn.Module):
 
 
 def rotary_table(n_positions: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [n_positions, head_dim] for positions 0..n-1 (the two halves share frequencies, HF layout)."""
+    """cos, signed sin [n_positions, head_dim] for positions 0..n-1, in Hugging Face's half-split layout (the
+    two halves share frequencies). The sin's first half is negated, so that rotate_half(x) * sin (HF's form,
+    rotate_half(x) = cat(-x2, x1)) is roll(x, hd/2) * signed sin: one op instead of chunk, neg and cat."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     freqs = torch.arange(n_positions, device=device, dtype=torch.float32)[:, None] * inv_freq  # [n, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
+    sin = emb.sin()
+    sin[:, : head_dim // 2].neg_()
+    return emb.cos(), sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, hd] rotated by cos, sin [B, T, 1, hd]: x * cos + rotate_half(x) * sin."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, hd] rotated by cos, signed_sin [B, T, 1, hd] (rotary_table), computed in float32 (the float32
+    tables promote a bfloat16 x), returned in x's dtype."""
+    out = torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), signed_sin)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class Attention(nn.Module):

@@ -69,8 +69,10 @@ class QuantLinear(_PackedModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = kernels.matmul(x.reshape(-1, self.in_features).float(), self.packed, self.bias)
-        return y.view(*lead, self.out_features).to(x.dtype)
+        rows = x.reshape(-1, self.in_features)
+        y = kernels.matmul(rows if rows.dtype == torch.float32 else rows.float(), self.packed, self.bias)
+        y = y.view(*lead, self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)  # no dispatch at all for float32 (a decode step has 120)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}"
