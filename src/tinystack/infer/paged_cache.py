@@ -1,6 +1,8 @@
 """KV memory in blocks, and the per-step view through which a packed batch reads and writes it.
 
-Storage: K and V tensors of shape [n_layer, num_blocks, block_size, n_kv_head, head_dim].
+Storage: K and V tensors of shape [n_layer, n_kv_head, num_blocks, block_size, head_dim]: per layer and head,
+the slots (block * block_size + offset) in a row, so a row's history is [nkv, S, hd] as attention wants it
+(a view for consecutive blocks) and a gather over slots is one contiguous index_select.
 The contiguous cache is the same storage with block_size = max_seq_len and one block
 per sequence (preallocated to the full context); the paged cache uses small blocks
 (default 16 tokens) handed out by the BlockManager.
@@ -43,12 +45,21 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, hug
 class KVStorage:
     def __init__(self, n_layer: int, num_blocks: int, block_size: int, n_kv_head: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", hugepages: bool = True):
-        shape = (n_layer, num_blocks, block_size, n_kv_head, head_dim)
+        shape = (n_layer, n_kv_head, num_blocks, block_size, head_dim)
         self.k, self.v = (_zeros(shape, dtype, torch.device(device), hugepages) for _ in "kv")
         self.block_size = block_size
-        # per layer, the store as [slots, n_kv_head, head_dim] (views, made once: a step asks 2 x n_layer times)
-        self.k_slots = [self.k[i].view(-1, n_kv_head, head_dim) for i in range(n_layer)]
-        self.v_slots = [self.v[i].view(-1, n_kv_head, head_dim) for i in range(n_layer)]
+        # per layer, the store as [n_kv_head, slots, head_dim] (views, made once: a step asks 2 x n_layer times)
+        self.k_slots = [self.k[i].view(n_kv_head, -1, head_dim) for i in range(n_layer)]
+        self.v_slots = [self.v[i].view(n_kv_head, -1, head_dim) for i in range(n_layer)]
+        self._scratch: list[torch.Tensor] = []
+
+    def gather_buffers(self, shape: tuple[int, ...]) -> list[torch.Tensor]:
+        """Two reusable tensors of `shape` for the batched decode's K and V gathers, grown as needed and kept:
+        a fresh multi-MB tensor per layer would be fresh pages the kernel must fault in and zero, every time."""
+        n = math.prod(shape)
+        if not self._scratch or self._scratch[0].numel() < n:
+            self._scratch = [torch.empty(2 * n, dtype=self.k.dtype, device=self.k.device) for _ in "kv"]
+        return [b[:n].view(shape) for b in self._scratch]
 
     @staticmethod
     def bytes_per_block(n_layer: int, block_size: int, n_kv_head: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -111,25 +122,24 @@ class BatchView:
         slots = (tables[:, :, None] * bs + torch.arange(bs, device=device)).flatten(1)[:, :s_max]
         self.decode_slots = slots.reshape(-1)  # [D * S_max]
         self.decode_shape = (len(rows), s_max)
-        self.decode_mask = (torch.arange(s_max, device=device) < lens[:, None])[:, None, None]  # [D, 1, 1, S_max]
+        self.decode_valid = torch.arange(s_max, device=device) < lens[:, None]  # [D, S_max]: the real keys
         self.decode_tokens = torch.tensor([self.offsets[r] for r in rows], dtype=torch.long, device=device)
         self.all_decodes = len(rows) == len(self.lengths)
+        self._decode_bias: torch.Tensor | None = None
 
     def _history(self, flat: torch.Tensor, r: int) -> torch.Tensor:
-        """Row r's keys (or values) 0..S-1 from one layer's store [slots, nkv, hd] -> [1, nkv, S, hd]."""
+        """Row r's keys (or values) 0..S-1 from one layer's store [nkv, slots, hd] -> [1, nkv, S, hd]."""
         read, S = self.reads[r], self.starts[r] + self.lengths[r]
         if isinstance(read, tuple):
-            rows = flat[read[0]: read[0] + S]  # a view: nothing copied
-        else:
-            bs = self.storage.block_size
-            rows = flat.view(-1, bs, *flat.shape[1:])[read].flatten(0, 1)[:S]  # only this row's blocks
-        return rows.transpose(0, 1)[None]
+            return flat[None, :, read[0]: read[0] + S]  # a view: nothing copied
+        nkv, _, hd = flat.shape
+        return flat.view(nkv, -1, self.storage.block_size, hd)[:, read].flatten(1, 2)[None, :, :S]  # its blocks
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [1, nh, N, hd], k/v [1, nkv, N, hd] of the packed new tokens -> attention output [1, nh, N, hd]."""
         kl, vl = self.storage.k_slots[layer], self.storage.v_slots[layer]
-        kl.index_copy_(0, self.slots, k[0].transpose(0, 1))
-        vl.index_copy_(0, self.slots, v[0].transpose(0, 1))
+        kl.index_copy_(1, self.slots, k[0])
+        vl.index_copy_(1, self.slots, v[0])
         gqa = k.size(1) != q.size(1)
         if len(self.lengths) == 1:
             return self._attend_row(0, q, kl, vl, gqa)
@@ -145,11 +155,26 @@ class BatchView:
         return out
 
     def _attend_decodes(self, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor, gqa: bool) -> torch.Tensor:
-        """q [D, nh, 1, hd] of the decode rows -> [D, nh, 1, hd]: one SDPA over their padded, masked histories."""
-        def gather(flat: torch.Tensor) -> torch.Tensor:  # [slots, nkv, hd] -> [D, nkv, S_max, hd]
-            return flat.index_select(0, self.decode_slots).view(*self.decode_shape, *flat.shape[1:]).transpose(1, 2)
+        """q [D, nh, 1, hd] of the decode rows -> [D, nh, 1, hd]: softmax(q K^T / sqrt(hd) + mask) V over their
+        padded histories as two batched matmuls, batch = (kv head, row), each kv head serving its group of
+        query heads in place (no repeated K/V; SDPA's CPU kernel ran ~4x slower on one-query rows)."""
+        D, nh, _, hd = q.shape
+        nkv = kl.size(0)
+        S = self.decode_shape[1]
 
-        return F.scaled_dot_product_attention(q, gather(kl), gather(vl), attn_mask=self.decode_mask, enable_gqa=gqa)
+        kbuf, vbuf = self.storage.gather_buffers((nkv, D * S, hd))
+
+        def gather(flat: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:  # [nkv, slots, hd] -> [nkv * D, S, hd]
+            return torch.index_select(flat, 1, self.decode_slots, out=buf).view(nkv * D, S, hd)
+
+        qg = q.view(D, nkv, nh // nkv, hd).transpose(0, 1).reshape(nkv * D, nh // nkv, hd)
+        if self._decode_bias is None:  # 0 on each row's real keys, -inf on the padding; once per step
+            self._decode_bias = torch.zeros(self.decode_shape, dtype=q.dtype, device=q.device).masked_fill_(
+                ~self.decode_valid, float("-inf"))[:, None].repeat(nkv, 1, 1)  # [nkv * D, 1, S_max]
+        scores = torch.baddbmm(self._decode_bias, qg, gather(kl, kbuf).transpose(1, 2), alpha=hd ** -0.5)
+        probs = scores.softmax(-1, dtype=torch.float32)  # in float32 for a bfloat16 cache too, as SDPA does
+        out = torch.bmm(probs if probs.dtype == q.dtype else probs.to(q.dtype), gather(vl, vbuf))  # [nkv * D, g, hd]
+        return out.view(nkv, D, nh // nkv, hd).transpose(0, 1).reshape(D, nh, 1, hd)
 
     def _attend_row(self, r: int, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor, gqa: bool) -> torch.Tensor:
         keys, values = self._history(kl, r), self._history(vl, r)
