@@ -13,7 +13,7 @@ The rows are PACKED, not padded: the model sees one row of N = sum(n_r) tokens
 decodes costs 463 token-rows in every linear layer, not 64 x 400.
 `BatchView.attend(layer, q, k, v)` is the attention over the cache:
   write:  the N new keys/values go to their slots (block_table[pos // bs] * bs + pos % bs)
-  decode rows (one new token each, two or more of them): ONE SDPA call for all of them; each
+  decode rows (one new token each, two or more of them): one batched attention for all of them; each
           row's keys 0..S_r-1 are gathered through its block table into a [D, S_max] batch padded
           to the longest context, the padding masked. The slot indices are built once per step
           (tensor ops, no Python loop over sequences) and serve every layer.
@@ -22,7 +22,9 @@ decodes costs 463 token-rows in every linear layer, not 64 x 400.
           from just that row's blocks; its n_r queries attend causally within the chunk.
 Why batch the decodes: a step of R decodes costs 2 layers x R SDPA calls and reads otherwise, and
 for a thin model (SmolLM2: 30 layers) that per-call overhead, not the bytes, dominated. The
-gather copies each row's keys once per layer (padding included), which the per-row views did not.
+gather copies each row's keys once per layer (padding included), which the per-row views did not: on a
+loaded 2-core Xeon (1 thread, SmolLM2 q8_0, 16 rows at contexts 40-400, interleaved A/B) a step cost
+12-22 % more CPU batched than per row, whose consecutive blocks are read in place. To re-measure.
 """
 from __future__ import annotations
 
