@@ -115,7 +115,7 @@ def test_engine_output_is_the_same_with_and_without_hugepages():
 def test_kv_storage_in_hugepages_is_zeroed_in_every_dtype():
     for dtype in (torch.float32, torch.bfloat16):
         st = KVStorage(n_layer=2, num_blocks=64, block_size=16, n_kv_head=4, head_dim=64, dtype=dtype)
-        assert st.k.shape == (2, 64, 16, 4, 64) and st.k.dtype == dtype and st.v.dtype == dtype
+        assert st.k.shape == (2, 4, 64, 16, 64) and st.k.dtype == dtype and st.v.dtype == dtype
         assert st.k.is_contiguous() and not st.k.any() and not st.v.any()
-        st.k[1, 3].fill_(1.5)  # writable, and K and V do not share memory
+        st.k[1, :, 3].fill_(1.5)  # writable (layer 1, block 3), and K and V do not share memory
         assert not st.v.any() and float(st.k.sum()) == 1.5 * 16 * 4 * 64

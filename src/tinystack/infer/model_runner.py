@@ -7,7 +7,8 @@
                     -> logits [R, V] at each row's last fed token
 
 Prefill chunks and single-token decodes share one call; only the rows' last
-positions go through the output head. At start-up the runner moves the model's weights
+positions go through the output head. At start-up the runner fuses the model's projections
+where it can (Llama: QKV and gate/up, model.fuse_projections), then moves its weights
 into one arena of 2 MiB pages with the head column-major (weight_arena.py): decode is
 bound by streaming the weights, and that is where the stream runs fastest.
 """
@@ -26,6 +27,8 @@ class ModelRunner:
         self.model = model
         self.storage = storage
         self.device = torch.device(device)
+        if hasattr(model, "fuse_projections"):  # fewer, larger matmuls per layer; before the weights are placed
+            model.fuse_projections()
         # decode streams every weight once per step: 2 MiB pages and a column-major head (weight_arena.py)
         self.arena: ArenaReport | None = place_weights(model, hugepages)
 

@@ -9,6 +9,8 @@
 Parameter names are Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 checkpoint's safetensors load by name with no renaming. The forward signature and the
 KV-cache interface are the GPT's: `forward(idx, targets, kv_cache, positions, logit_index)`.
+For inference, `fuse_projections()` turns q/k/v into one qkv_proj and gate/up into one gate_up_proj
+(model/fused_linear.py: same logits, fewer matmuls, state_dict names unchanged); the engine calls it.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tinystack.model.attention import KVCache, causal_attention
+from tinystack.model.fused_linear import fuse_rows
 
 
 @dataclass
@@ -60,24 +63,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # in float32, as Hugging Face does, so bfloat16 models normalise the same way
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # in float32, as Hugging Face does, so bfloat16 models normalise the same way; one fused kernel
+        if x.dtype == self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
-def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, T] -> cos, sin [B, 1, T, head_dim] (the two halves share frequencies, HF layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # [B, T, hd/2]
-    emb = torch.cat([freqs, freqs], dim=-1)[:, None]
-    return emb.cos(), emb.sin()
+def rotary_table(n_positions: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, signed sin [n_positions, head_dim] for positions 0..n-1, in Hugging Face's half-split layout (the
+    two halves share frequencies). The sin's first half is negated, so that rotate_half(x) * sin (HF's form,
+    rotate_half(x) = cat(-x2, x1)) is roll(x, hd/2) * signed sin: one op instead of chunk, neg and cat."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    freqs = torch.arange(n_positions, device=device, dtype=torch.float32)[:, None] * inv_freq  # [n, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    sin = emb.sin()
+    sin[:, : head_dim // 2].neg_()
+    return emb.cos(), sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, hd] rotated by cos, signed_sin [B, T, 1, hd] (rotary_table), computed in float32 (the float32
+    tables promote a bfloat16 x), returned in x's dtype."""
+    out = torch.addcmul(x * cos, x.roll(x.size(-1) // 2, dims=-1), signed_sin)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -89,16 +97,25 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * hd, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.n_head * hd, cfg.hidden_size, bias=False)
+        self.fused = False
+
+    def fuse(self) -> None:
+        """q, k, v projections -> one qkv_proj (inference: one matmul, and q and k rotated in one pass)."""
+        self.fused = self.fused or fuse_rows(self, ["q_proj", "k_proj", "v_proj"], "qkv_proj")
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
         c = self.cfg
-        q = self.q_proj(x).view(B, T, c.n_head, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, c.n_kv_head, c.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = causal_attention(q, k, v, self.layer_idx, kv_cache)
+        if self.fused:
+            qkv = self.qkv_proj(x).view(B, T, c.n_head + 2 * c.n_kv_head, c.head_dim)
+            q, k = apply_rotary(qkv[:, :, :c.n_head + c.n_kv_head], cos, sin).split([c.n_head, c.n_kv_head], dim=2)
+            v = qkv[:, :, c.n_head + c.n_kv_head:]
+        else:
+            q = apply_rotary(self.q_proj(x).view(B, T, c.n_head, c.head_dim), cos, sin)
+            k = apply_rotary(self.k_proj(x).view(B, T, c.n_kv_head, c.head_dim), cos, sin)
+            v = self.v_proj(x).view(B, T, c.n_kv_head, c.head_dim)
+        y = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.layer_idx, kv_cache)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, c.n_head * c.head_dim))
 
 
@@ -108,8 +125,16 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.fused = False
+
+    def fuse(self) -> None:
+        """gate and up projections -> one gate_up_proj (inference: one matmul)."""
+        self.fused = self.fused or fuse_rows(self, ["gate_proj", "up_proj"], "gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -144,6 +169,23 @@ class Llama(nn.Module):
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
+    def fuse_projections(self) -> None:
+        """Inference-time: fused QKV and gate/up projections in every layer (model/fused_linear.py): the same
+        logits from fewer, larger matmuls. state_dict keeps Hugging Face's names."""
+        for block in self.model.layers:
+            block.self_attn.fuse()
+            block.mlp.fuse()
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, hd] at `positions` [B, T], looked up in a float32 table built once per device (a
+        plain attribute, not a buffer: it stays float32 when the model is cast, and out of state_dict)."""
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0].device != positions.device:
+            c = self.config
+            table = self._rope_table = rotary_table(c.max_position_embeddings, c.head_dim, c.rope_theta,
+                                                    positions.device)
+        return table[0][positions][:, :, None], table[1][positions][:, :, None]
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -159,7 +201,7 @@ class Llama(nn.Module):
                 raise ValueError(f"sequence of {T} tokens exceeds "
                                  f"max_position_embeddings={self.config.max_position_embeddings}")
             positions = torch.arange(T, device=idx.device).expand(B, T)
-        cos, sin = rotary(positions, self.config.head_dim, self.config.rope_theta)
+        cos, sin = self._rotary(positions)
         x = self.model.embed_tokens(idx)
         for block in self.model.layers:
             x = block(x, cos, sin, kv_cache)

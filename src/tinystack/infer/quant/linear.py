@@ -49,10 +49,30 @@ class QuantLinear(_PackedModule):
         self.out_features = linear.out_features
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
 
+    @classmethod
+    def concat(cls, layers: list[QuantLinear]) -> QuantLinear:
+        """One layer whose output is `layers`' outputs side by side (model/fused_linear.py): their packed rows
+        stacked, nothing re-quantised (every format's blocks belong to one row)."""
+        first = layers[0]
+        if len({(m.fmt, m.in_features, m.bias is None) for m in layers}) != 1:
+            raise ValueError("only layers of one format, input size and bias use can be concatenated")
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        parts = [m.packed for m in layers]
+        fused._register_packed(Packed(first.fmt, first.in_features, *(
+            None if getattr(first.packed, f) is None else torch.cat([getattr(p, f) for p in parts])
+            for f in ("qs", "d", "m"))))
+        fused.out_features = sum(m.out_features for m in layers)
+        fused.bias = None if first.bias is None else nn.Parameter(torch.cat([m.bias for m in layers]),
+                                                                  requires_grad=False)
+        return fused
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = kernels.matmul(x.reshape(-1, self.in_features).float(), self.packed, self.bias)
-        return y.view(*lead, self.out_features).to(x.dtype)
+        rows = x.reshape(-1, self.in_features)
+        y = kernels.matmul(rows if rows.dtype == torch.float32 else rows.float(), self.packed, self.bias)
+        y = y.view(*lead, self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)  # no dispatch at all for float32 (a decode step has 120)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}"
