@@ -47,17 +47,18 @@ def hugepages_available() -> bool:
 
 def hugepage_empty(nbytes: int, hugepages: bool = True) -> torch.Tensor:
     """A zero-filled uint8 CPU tensor of nbytes whose memory is backed by 2 MiB pages where the OS allows
-    (ordinary memory when `hugepages` is False: for comparisons).
+    (`hugepages` False: a region of its own that asks for 4 KiB pages (MADV_NOHUGEPAGE), the control for
+    comparisons; malloc'd memory could share a mapping that something else had madvised).
 
     The region is mapped lazily: pages are only allocated (and zeroed by the kernel) when first
     touched, so a KV cache sized for the whole budget costs what it holds, not what it could."""
     if nbytes <= 0:
         return torch.zeros(0, dtype=torch.uint8)
-    if not hugepages or nbytes < HUGE_PAGE or not hugepages_available():  # below one page there is nothing to gain
+    if nbytes < HUGE_PAGE or not hugepages_available():  # below one page there is nothing to gain
         return torch.zeros(nbytes, dtype=torch.uint8)
     size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to align the start to a page
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
+    region.madvise(mmap.MADV_HUGEPAGE if hugepages else mmap.MADV_NOHUGEPAGE)
     buf = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` alive as long as any view of it
     start = -buf.data_ptr() % HUGE_PAGE
     return buf[start: start + nbytes]
