@@ -42,7 +42,10 @@ def test_logits_equal_transformers_loading_the_gguf(tmp_path, bpe, kind, qtype, 
     assert ours.config.attention_bias == (kind == "qwen2")
     ids = torch.randint(0, len(bpe[0]), (2, 24), generator=torch.Generator().manual_seed(1))
     a = _logits(ours, ids)
-    assert torch.equal(a, _logits(ref, ids))  # bit-identical dequantisation -> identical weights and logits
+    theirs = ref.state_dict()  # bit-identical dequantisation -> identical weights ...
+    assert all(torch.equal(w, theirs[k]) for k, w in ours.state_dict().items() if k in theirs)
+    # ... and the same logits up to float32 rounding (our RMSNorm / RoPE kernels order the arithmetic differently)
+    torch.testing.assert_close(a, _logits(ref, ids), atol=1e-5, rtol=0)
     if qtype == "F32":  # and unquantised, it is the original model: the permutation was undone exactly
         assert torch.allclose(a, _logits(hf, ids), atol=1e-5, rtol=0)
 

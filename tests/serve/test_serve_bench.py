@@ -58,3 +58,34 @@ def test_bench_serve_in_process_measures_the_stream_as_it_arrives(tmp_path, mode
     assert decode > 0
     assert row["ttft_ms"]["p50"] < row["e2e_ms"]["p50"] - 0.5 * decode, row
     assert row["tpot_ms"]["p50"] >= 0.3 * decode / 15, row  # 16 tokens: 15 gaps at the engine's pace
+
+
+@pytest.mark.parametrize("frames, status", [
+    (['data: {"choices": [{"text": "a"}]}', "data: [DONE]"], 200),
+    (['data: {"choices": [{"text": "a"}]}', 'data: {"choi'], 500),  # a frame cut mid-line (connection lost)
+    (['data: {"choices": [{"text": "a"}]}'], 500),  # ended without [DONE]
+    (['data: {"choices": [{"text": "a"}]}', 'data: {"error": {"message": "replica lost"}}', "data: [DONE]"], 500),
+])
+def test_a_cut_stream_counts_as_an_error_not_a_success(frames, status):
+    """The load generator's client: only a stream that reaches [DONE] without an error event is a 200."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    from tinystack.serve.bench import one_request
+
+    async def completions(request):
+        async def body():
+            for f in frames:
+                yield f + "\n\n"
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return await one_request(client, {"prompt": "x"})
+
+    result = asyncio.run(main())
+    assert result.status == status and result.ttft_s is not None

@@ -50,10 +50,16 @@ async def one_request(client: httpx.AsyncClient, body: dict[str, Any]) -> Result
         if r.status_code != 200:
             await r.aread()
             return Result(r.status_code, None, time.perf_counter() - t0, 0)
+        done = False
         async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            if line == "data: [DONE]":
+                done = True
+            if not line.startswith("data: ") or done:
                 continue
-            chunk = json.loads(line[6:])
+            try:
+                chunk = json.loads(line[6:])
+            except ValueError:  # a frame cut off mid-line: the connection ended under the stream
+                break
             if chunk.get("choices") and ttft is None:
                 ttft = time.perf_counter() - t0
             if chunk.get("usage"):
@@ -61,7 +67,8 @@ async def one_request(client: httpx.AsyncClient, body: dict[str, Any]) -> Result
             timing = chunk.get("timing", timing)
             if "error" in chunk:
                 return Result(500, ttft, time.perf_counter() - t0, tokens, timing)
-    return Result(200, ttft, time.perf_counter() - t0, tokens, timing)
+    # a stream that ended without [DONE] was cut: counted with the streams that ended in an error event
+    return Result(200 if done else 500, ttft, time.perf_counter() - t0, tokens, timing)
 
 
 async def run_load(url: str, make_body: Callable[[int], dict[str, Any]], *, concurrency: int, num_requests: int,
