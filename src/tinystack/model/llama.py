@@ -176,15 +176,19 @@ class Llama(nn.Module):
             block.self_attn.fuse()
             block.mlp.fuse()
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, T, 1, hd] at `positions` [B, T], looked up in a float32 table built once per device (a
-        plain attribute, not a buffer: it stays float32 when the model is cast, and out of state_dict)."""
+    def _rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin [max_position_embeddings, hd] in float32, built once per device (a plain attribute,
+        not a buffer: it stays float32 when the model is cast, and out of state_dict)."""
         table = getattr(self, "_rope_table", None)
-        if table is None or table[0].device != positions.device:
+        if table is None or table[0].device != device:
             c = self.config
-            table = self._rope_table = rotary_table(c.max_position_embeddings, c.head_dim, c.rope_theta,
-                                                    positions.device)
-        return table[0][positions][:, :, None], table[1][positions][:, :, None]
+            table = self._rope_table = rotary_table(c.max_position_embeddings, c.head_dim, c.rope_theta, device)
+        return table
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, hd] at `positions` [B, T]."""
+        cos, sin = self._rope_tables(positions.device)
+        return cos[positions][:, :, None], sin[positions][:, :, None]
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

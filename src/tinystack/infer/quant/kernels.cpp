@@ -256,25 +256,11 @@ bool avx512_available() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-// x [M, K] float32; qs [N, nb, 32 or 16] uint8; d, m [N, nb] fp16 (m only for Q4_1). path: 1 AVX-512, 0 plain C++.
-torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch::Tensor d,
-                           c10::optional<torch::Tensor> m, c10::optional<torch::Tensor> bias, int64_t path) {
-  check_x(x);
-  TORCH_CHECK(fmt >= 0 && fmt <= 2, "unknown block format ", fmt);
-  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && qs.dim() == 3 && d.scalar_type() == torch::kFloat16,
-              "qs [N, nb, bytes] and d [N, nb] fp16, contiguous");
-  TORCH_CHECK(fmt != Q4_1 || (m.has_value() && m->is_contiguous()), "Q4_1 needs m");
-  TORCH_CHECK(path == 0 || avx512_available(), "this CPU lacks AVX-512 VNNI");
-  const int M = x.size(0), K = x.size(1), N = qs.size(0), nb = qs.size(1);
-  TORCH_CHECK(K <= nb * 32 && K > (nb - 1) * 32, "x has ", K, " columns, weights ", nb, " blocks of 32");
+// The raw kernels (kernels.h): y [M, N] = x [M, K] @ W^T, output rows split over row_pool's threads.
+void block_matmul_raw(const float* x, int M, int K, int fmt, const uint8_t* qp, const uint16_t* dp,
+                      const uint16_t* mp, int N, int nb, float* yp, int path) {
   const int bpb = fmt == Q8_0 ? 32 : 16;
-  TORCH_CHECK(qs.size(2) == bpb, "qs holds ", qs.size(2), " bytes per block, format needs ", bpb);
-  const QuantX X = quantize_x(x.data_ptr<float>(), M, K, nb, fmt != Q8_0);
-  auto y = torch::empty({M, N}, x.options());
-  float* yp = y.data_ptr<float>();
-  const uint8_t* qp = (const uint8_t*)qs.data_ptr();
-  const uint16_t* dp = (const uint16_t*)d.data_ptr();
-  const uint16_t* mp = fmt == Q4_1 ? (const uint16_t*)m->data_ptr() : nullptr;
+  const QuantX X = quantize_x(x, M, K, nb, fmt != Q8_0);
   row_pool().run(N, grain_rows(nb * (bpb + 4)), [&](int64_t n0, int64_t n1) {
     if (path == 0) {
       for (int64_t n = n0; n < n1; ++n)
@@ -288,6 +274,34 @@ torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch
       block_range_avx512<Q4_1>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
     }
   });
+}
+
+void bf16_matmul_raw(const float* x, int M, int Kp, const uint16_t* wp, int N, float* yp, int path) {
+  row_pool().run(N, grain_rows((int64_t)Kp * 2), [&](int64_t n0, int64_t n1) {
+    if (path == 0) {
+      for (int64_t n = n0; n < n1; ++n) bf16_row_scalar(wp + (size_t)n * Kp, x, M, Kp, yp + n, N);
+    } else {
+      bf16_range_avx512(wp, x, M, Kp, n0, n1, yp, N);
+    }
+  });
+}
+
+// x [M, K] float32; qs [N, nb, 32 or 16] uint8; d, m [N, nb] fp16 (m only for Q4_1). path: 1 AVX-512, 0 plain C++.
+torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch::Tensor d,
+                           c10::optional<torch::Tensor> m, c10::optional<torch::Tensor> bias, int64_t path) {
+  check_x(x);
+  TORCH_CHECK(fmt >= 0 && fmt <= 2, "unknown block format ", fmt);
+  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && qs.dim() == 3 && d.scalar_type() == torch::kFloat16,
+              "qs [N, nb, bytes] and d [N, nb] fp16, contiguous");
+  TORCH_CHECK(fmt != Q4_1 || (m.has_value() && m->is_contiguous()), "Q4_1 needs m");
+  TORCH_CHECK(path == 0 || avx512_available(), "this CPU lacks AVX-512 VNNI");
+  const int M = x.size(0), K = x.size(1), N = qs.size(0), nb = qs.size(1);
+  TORCH_CHECK(K <= nb * 32 && K > (nb - 1) * 32, "x has ", K, " columns, weights ", nb, " blocks of 32");
+  const int bpb = fmt == Q8_0 ? 32 : 16;
+  TORCH_CHECK(qs.size(2) == bpb, "qs holds ", qs.size(2), " bytes per block, format needs ", bpb);
+  auto y = torch::empty({M, N}, x.options());
+  block_matmul_raw(x.data_ptr<float>(), M, K, fmt, (const uint8_t*)qs.data_ptr(), (const uint16_t*)d.data_ptr(),
+                   fmt == Q4_1 ? (const uint16_t*)m->data_ptr() : nullptr, N, nb, y.data_ptr<float>(), path);
   return add_bias(y, bias);
 }
 
@@ -301,18 +315,11 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   TORCH_CHECK(K <= Kp && K > Kp - 32, "x has ", K, " columns, weights ", Kp);
   torch::Tensor xp = K == Kp ? x : torch::constant_pad_nd(x, {0, Kp - K});
   auto y = torch::empty({M, N}, x.options());
-  const float* xptr = xp.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  const uint16_t* wp = (const uint16_t*)w.data_ptr();
-  row_pool().run(N, grain_rows((int64_t)Kp * 2), [&](int64_t n0, int64_t n1) {
-    if (path == 0) {
-      for (int64_t n = n0; n < n1; ++n) bf16_row_scalar(wp + (size_t)n * Kp, xptr, M, Kp, yp + n, N);
-    } else {
-      bf16_range_avx512(wp, xptr, M, Kp, n0, n1, yp, N);
-    }
-  });
+  bf16_matmul_raw(xp.data_ptr<float>(), M, Kp, (const uint16_t*)w.data_ptr(), N, y.data_ptr<float>(), path);
   return add_bias(y, bias);
 }
+
+void register_decode_step(pybind11::module_& mod);  // decode_step.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("avx512_available", &avx512_available, "AVX-512 F/BW/VL/DQ + VNNI on this CPU");
@@ -323,4 +330,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
           py::call_guard<py::gil_scoped_release>());
   mod.def("block_quantize", &block_quantize, "float32 [N, K] -> (qs, d, m) in a block format, as llama.cpp");
   mod.def("block_dequantize", &block_dequantize, "(qs, d, m) -> float32 [N, K]");
+  register_decode_step(mod);
 }

@@ -1,0 +1,248 @@
+// A decode step of a Llama-family model in one call: D sequences, one new token each, every layer in C++.
+//
+// Per layer, for the rows' residual stream x [D, H] (float32):
+//   h = rms(x) * g_in;   qkv = h @ Wqkv^T (+ b);   q and k heads rotated at each row's position (rope tables)
+//   k, v written to the row's slot in the paged cache;  each query head attends over its row's keys 0..pos,
+//   read in place through the block table (no gather);  x += attn @ Wo^T
+//   h = rms(x) * g_post;  [g | u] = h @ Wgu^T;  x += (silu(g) * u) @ Wdown^T
+// The arithmetic of model/llama.py over infer/paged_cache.BatchView, without its ~40 PyTorch calls per
+// layer from Python: for a thin model (SmolLM2: 30 layers of width 576) that dispatch, not reading the
+// weights, was most of a decode step. Linear layers come in the engine's formats: float32 (at::mm),
+// bfloat16 and the block formats (the kernels of kernels.cpp, called directly).
+#include <torch/extension.h>
+
+#include "kernels.h"
+#include "pool.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace tinystack {
+
+#define AVX512_ATTN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+enum Kind { F32 = -1, BF16 = 3 };  // 0..2: the block formats of kernels.h
+
+struct Lin {  // F32: a = w [N, K] (any strides); BF16: a = w [N, Kp]; block formats: a = qs, b = d, c = m
+  int64_t kind = F32, N = 0;
+  torch::Tensor a, b, c, bias;
+};
+
+struct Layer {
+  const float *in_norm, *post_norm;
+  Lin qkv, o, gate_up, down;
+};
+
+// Sums of 16 independent lanes: the compiler vectorises these without reordering any one sum.
+__attribute__((always_inline)) inline float dot(const float* a, const float* b, int n) {
+  float acc[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = 0.f;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  return s;
+}
+
+// Attention of one row's `grp` query heads (q [grp, hd]) over keys/values 0..S-1 of one kv head, whose
+// slots are table[p / bs] * bs + p % bs in K, V [slots, hd]; out [grp, hd]; scores: scratch [grp, S].
+__attribute__((always_inline)) inline void attend_body(const float* q, const float* K, const float* V,
+                                                       const int64_t* table, int64_t bs, int S, int grp, int hd,
+                                                       float scale, float* scores, float* out) {
+  for (int s = 0; s < S; ++s) {
+    const float* key = K + (table[s / bs] * bs + s % bs) * hd;
+    for (int j = 0; j < grp; ++j) scores[j * S + s] = dot(q + j * hd, key, hd) * scale;
+  }
+  for (int j = 0; j < grp; ++j) {  // softmax, in float32 as the engine's path does
+    float* p = scores + j * S;
+    float mx = -INFINITY, sum = 0.f;
+    for (int s = 0; s < S; ++s) mx = std::max(mx, p[s]);
+    for (int s = 0; s < S; ++s) sum += (p[s] = std::exp(p[s] - mx));
+    const float inv = 1.f / sum;
+    for (int s = 0; s < S; ++s) p[s] *= inv;
+  }
+  std::memset(out, 0, sizeof(float) * grp * hd);
+  for (int s = 0; s < S; ++s) {
+    const float* val = V + (table[s / bs] * bs + s % bs) * hd;
+    for (int j = 0; j < grp; ++j) {
+      const float w = scores[j * S + s];
+      float* o = out + j * hd;
+      for (int i = 0; i < hd; ++i) o[i] += w * val[i];
+    }
+  }
+}
+
+AVX512_ATTN void attend_avx512(const float* q, const float* K, const float* V, const int64_t* table, int64_t bs,
+                               int S, int grp, int hd, float scale, float* scores, float* out) {
+  attend_body(q, K, V, table, bs, S, grp, hd, scale, scores, out);
+}
+
+void attend_plain(const float* q, const float* K, const float* V, const int64_t* table, int64_t bs, int S, int grp,
+                  int hd, float scale, float* scores, float* out) {
+  attend_body(q, K, V, table, bs, S, grp, hd, scale, scores, out);
+}
+
+class DecodeLayers {
+ public:
+  // dims = {n_layer, hidden, n_head, n_kv_head, head_dim, intermediate}; norms = [in_0, post_0, in_1, ...];
+  // per layer 4 linears (qkv, o, gate_up, down), each 4 tensors in `parts` (a, b, c, bias; numel 0 = absent)
+  // and a kind in `kinds`; path: 1 AVX-512 kernels, 0 plain C++.
+  DecodeLayers(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> norms, std::vector<int64_t> kinds,
+               std::vector<torch::Tensor> parts, int64_t path)
+      : L_(dims.at(0)), H_(dims.at(1)), nh_(dims.at(2)), nkv_(dims.at(3)), hd_(dims.at(4)), I_(dims.at(5)),
+        eps_((float)eps), path_((int)path), norms_(std::move(norms)), parts_(std::move(parts)) {
+    TORCH_CHECK((int64_t)norms_.size() == 2 * L_ && (int64_t)kinds.size() == 4 * L_ &&
+                (int64_t)parts_.size() == 16 * L_, "expected 2 norms, 4 linears and 16 parts per layer");
+    TORCH_CHECK(nh_ % nkv_ == 0, "n_head must be a multiple of n_kv_head");
+    TORCH_CHECK(path_ == 0 || avx512_available(), "this CPU lacks AVX-512 VNNI");
+    const int64_t outs[4] = {(nh_ + 2 * nkv_) * hd_, H_, 2 * I_, H_};
+    for (int64_t l = 0; l < L_; ++l) {
+      Layer y;
+      for (int i = 0; i < 2; ++i) {
+        const auto& g = norms_[2 * l + i];
+        TORCH_CHECK(g.scalar_type() == torch::kFloat32 && g.is_contiguous() && g.numel() == H_, "norm weights");
+      }
+      y.in_norm = norms_[2 * l].data_ptr<float>();
+      y.post_norm = norms_[2 * l + 1].data_ptr<float>();
+      Lin* lins[4] = {&y.qkv, &y.o, &y.gate_up, &y.down};
+      for (int i = 0; i < 4; ++i) {
+        Lin& lin = *lins[i];
+        lin.kind = kinds[4 * l + i];
+        lin.N = outs[i];
+        const torch::Tensor* p = &parts_[16 * l + 4 * i];
+        lin.a = p[0], lin.b = p[1], lin.c = p[2], lin.bias = p[3];
+        TORCH_CHECK(lin.a.size(0) == lin.N, "layer ", l, " linear ", i, ": ", lin.a.size(0), " outputs, expected ",
+                    lin.N);
+        TORCH_CHECK(lin.kind == F32 ? lin.a.scalar_type() == torch::kFloat32
+                    : lin.kind == BF16 ? lin.a.scalar_type() == torch::kBFloat16 && lin.a.is_contiguous()
+                                       : lin.kind >= 0 && lin.kind <= 2 && lin.a.is_contiguous() && lin.b.is_contiguous(),
+                    "layer ", l, " linear ", i, ": unsupported weights");
+        TORCH_CHECK(lin.kind != Q4_1 || lin.c.is_contiguous(), "Q4_1 needs m");
+        TORCH_CHECK(lin.bias.numel() == 0 || (lin.bias.scalar_type() == torch::kFloat32 && lin.bias.numel() == lin.N),
+                    "bias must be float32 [N]");
+      }
+      layers_.push_back(y);
+    }
+  }
+
+  // x [D, H] float32: the new tokens' embeddings; cos, sin [P, hd] (model/llama.rotary_table); pos [D] int64;
+  // kc, vc [n_layer, n_kv_head, blocks, block_size, hd] float32 (written at each row's slot); tables [D, T] int64,
+  // each row's block table (padding unread). -> the hidden states after the last layer [D, H].
+  torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos, torch::Tensor kc,
+                     torch::Tensor vc, torch::Tensor tables) {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == H_ && x.scalar_type() == torch::kFloat32, "x must be [D, hidden] float32");
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == hd_ && cos.scalar_type() == torch::kFloat32,
+                "rope tables [P, head_dim] float32");
+    TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 5 && kc.size(0) == L_ && kc.size(1) == nkv_ &&
+                kc.size(4) == hd_ && kc.scalar_type() == torch::kFloat32 && vc.sizes() == kc.sizes(),
+                "KV storage must be contiguous float32 [n_layer, n_kv_head, blocks, block_size, head_dim]");
+    const int D = x.size(0);
+    TORCH_CHECK(pos.numel() == D && tables.dim() == 2 && tables.size(0) == D && tables.is_contiguous() &&
+                pos.scalar_type() == torch::kLong && tables.scalar_type() == torch::kLong, "pos [D], tables [D, T] int64");
+    const int64_t bs = kc.size(3), slots = kc.size(2) * bs, T = tables.size(1);
+    const int64_t* P = pos.contiguous().data_ptr<int64_t>();
+    const int64_t* tab = tables.data_ptr<int64_t>();
+    for (int r = 0; r < D; ++r)
+      TORCH_CHECK(P[r] >= 0 && P[r] < cos.size(0) && P[r] / bs < T, "row ", r, ": position ", P[r], " out of range");
+    auto out = x.contiguous().clone();
+    float* X = out.data_ptr<float>();
+    const int Q = (nh_ + 2 * nkv_) * hd_, grp = nh_ / nkv_;
+    std::vector<float> h((size_t)D * H_), qkv((size_t)D * Q), att((size_t)D * nh_ * hd_), gu((size_t)D * 2 * I_),
+        act((size_t)D * I_), tmp((size_t)D * H_), rot(hd_);
+    const float scale = 1.f / std::sqrt((float)hd_);
+    for (int64_t l = 0; l < L_; ++l) {
+      const Layer& y = layers_[l];
+      rms(X, y.in_norm, D, h.data());
+      matmul(y.qkv, h.data(), D, H_, qkv.data());
+      for (int r = 0; r < D; ++r) {  // rotary on the q and k heads: x cos + roll(x, hd/2) signed_sin
+        const float *c = cos.data_ptr<float>() + P[r] * hd_, *s = sin.data_ptr<float>() + P[r] * hd_;
+        for (int head = 0; head < nh_ + nkv_; ++head) {
+          float* v = qkv.data() + (size_t)r * Q + head * hd_;
+          for (int i = 0; i < hd_; ++i) rot[i] = v[i] * c[i] + v[(i + hd_ / 2) % hd_] * s[i];
+          std::memcpy(v, rot.data(), sizeof(float) * hd_);
+        }
+        const int64_t slot = tab[r * T + P[r] / bs] * bs + P[r] % bs;
+        for (int g = 0; g < nkv_; ++g) {
+          const size_t at = ((size_t)(l * nkv_ + g) * slots + slot) * hd_;
+          std::memcpy(kc.data_ptr<float>() + at, qkv.data() + (size_t)r * Q + (nh_ + g) * hd_, sizeof(float) * hd_);
+          std::memcpy(vc.data_ptr<float>() + at, qkv.data() + (size_t)r * Q + (nh_ + nkv_ + g) * hd_, sizeof(float) * hd_);
+        }
+      }
+      row_pool().run((int64_t)D * nkv_, 1, [&](int64_t t0, int64_t t1) {  // one task per (row, kv head)
+        std::vector<float> scores;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int r = t / nkv_, g = t % nkv_, S = P[r] + 1;
+          scores.resize((size_t)grp * S);
+          const size_t base = (size_t)(l * nkv_ + g) * slots * hd_;
+          (path_ ? attend_avx512 : attend_plain)(qkv.data() + (size_t)r * Q + g * grp * hd_, kc.data_ptr<float>() + base,
+                                                 vc.data_ptr<float>() + base, tab + r * T, bs, S, grp, hd_, scale,
+                                                 scores.data(), att.data() + ((size_t)r * nh_ + g * grp) * hd_);
+        }
+      });
+      matmul(y.o, att.data(), D, nh_ * hd_, tmp.data());
+      for (size_t i = 0; i < tmp.size(); ++i) X[i] += tmp[i];
+      rms(X, y.post_norm, D, h.data());
+      matmul(y.gate_up, h.data(), D, H_, gu.data());
+      for (int r = 0; r < D; ++r)
+        for (int64_t i = 0; i < I_; ++i) {
+          const float g = gu[(size_t)r * 2 * I_ + i], u = gu[(size_t)r * 2 * I_ + I_ + i];
+          act[(size_t)r * I_ + i] = g / (1.f + std::exp(-g)) * u;
+        }
+      matmul(y.down, act.data(), D, I_, tmp.data());
+      for (size_t i = 0; i < tmp.size(); ++i) X[i] += tmp[i];
+    }
+    return out;
+  }
+
+ private:
+  void rms(const float* x, const float* g, int D, float* y) const {  // float32, as Hugging Face's LlamaRMSNorm
+    for (int r = 0; r < D; ++r) {
+      const float* xr = x + (size_t)r * H_;
+      const float inv = 1.f / std::sqrt(dot(xr, xr, H_) / (float)H_ + eps_);
+      for (int64_t i = 0; i < H_; ++i) y[(size_t)r * H_ + i] = g[i] * (xr[i] * inv);
+    }
+  }
+
+  void matmul(const Lin& w, const float* x, int M, int64_t K, float* y) const {  // y [M, N] = x [M, K] @ W^T (+ b)
+    if (w.kind == F32) {
+      auto xt = torch::from_blob(const_cast<float*>(x), {M, K}, torch::kFloat32);
+      auto yt = torch::from_blob(y, {M, w.N}, torch::kFloat32);
+      at::mm_out(yt, xt, w.a.t());
+    } else if (w.kind == BF16) {
+      const int64_t Kp = w.a.size(1);
+      std::vector<float> padded;
+      if (Kp != K) {  // the packed rows are zero padded to a multiple of 32; the activations must be too
+        padded.assign((size_t)M * Kp, 0.f);
+        for (int r = 0; r < M; ++r) std::memcpy(padded.data() + (size_t)r * Kp, x + (size_t)r * K, sizeof(float) * K);
+        x = padded.data();
+      }
+      bf16_matmul_raw(x, M, Kp, (const uint16_t*)w.a.data_ptr(), w.N, y, path_);
+    } else {
+      block_matmul_raw(x, M, K, w.kind, (const uint8_t*)w.a.data_ptr(), (const uint16_t*)w.b.data_ptr(),
+                       w.kind == Q4_1 ? (const uint16_t*)w.c.data_ptr() : nullptr, w.N, w.a.size(1), y, path_);
+    }
+    if (w.bias.numel()) {
+      const float* b = w.bias.data_ptr<float>();
+      for (int r = 0; r < M; ++r)
+        for (int64_t n = 0; n < w.N; ++n) y[(size_t)r * w.N + n] += b[n];
+    }
+  }
+
+  int64_t L_, H_, nh_, nkv_, hd_, I_;
+  float eps_;
+  int path_;
+  std::vector<torch::Tensor> norms_, parts_;  // kept alive: layers_ points into them
+  std::vector<Layer> layers_;
+};
+
+}  // namespace tinystack
+
+void register_decode_step(pybind11::module_& mod) {
+  // the GIL is released while a step runs, as for the matmuls
+  pybind11::class_<tinystack::DecodeLayers>(mod, "DecodeLayers")
+      .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, std::vector<int64_t>,
+                          std::vector<torch::Tensor>, int64_t>())
+      .def("step", &tinystack::DecodeLayers::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+}
