@@ -5,7 +5,8 @@ Reads ../shared/data/tinyshakespeare.txt directly, one token per character, spli
 steps, dropout 0) three ways, interleaved over --trials trials (the order rotates each trial), in one process:
 
     ours         tinystack.train.train with the config's [train] as shipped: what `tinystack train` runs
-                 (dtype "auto": float32 or bf16 autocast, measured at start; the choice is recorded)
+                 (dtype "auto": float32 or bf16 autocast, measured at start; the choice is recorded); called
+                 as train does it, train_model over a BatchSampler, one that notes when each step draws
     nanogpt      benchmarks/bare_gpt_loop.BareLoop as nanoGPT ships for CPU: float32, unfused AdamW, no
                  compile, .item() every step, val loss every eval_interval (the anchor of the target)
     bare_same    the same bare loop with our precision, fused AdamW, foreach clipping: what our loop itself costs
