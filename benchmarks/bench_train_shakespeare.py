@@ -117,18 +117,22 @@ def main() -> None:
     kept: dict[str, Any] = {}
 
     step_ms: dict[str, list[float]] = {"ours": [], "nanogpt": [], "bare_same": []}  # per trial: median step
+    quarters: dict[str, list[list[float]]] = {k: [] for k in step_ms}  # per trial: median of each quarter of the run
 
-    def steady_ms(starts: list[float]) -> float:
+    def steady_ms(name: str, starts: list[float]) -> None:
         def scores_val(i: int) -> bool:
             return (i + 1) % tc.eval_interval == 0 or i + 1 == tc.max_iters
-        return statistics.median(step_periods(starts, warmup=WARMUP, skip=scores_val)) * 1e3
+        periods = step_periods(starts, warmup=WARMUP, skip=scores_val)
+        step_ms[name].append(statistics.median(periods) * 1e3)
+        # a step that slows as the run goes on (numerics, memory, the machine) shows here, not in one median
+        quarters[name].append([round(statistics.median(q) * 1e3, 2) for q in np.array_split(periods, 4) if len(q)])
 
     def ours() -> float:
         # `tinystack train` (train.train) is exactly this call with a plain BatchSampler; the JSONL log every
         # step, as it writes it (each trial rewrites it; the last one stays)
         sampler = ClockedSampler(train_ids, m.block_size, tc.seed)
         model, result = train_model(lambda: GPT(gcfg), sampler, loop_val, tc, log_path=log, progress=False)
-        step_ms["ours"].append(steady_ms(sampler.starts))
+        steady_ms("ours", sampler.starts)
         kept["ours"] = (model, result)
         kept.setdefault("dtypes", []).append(result.dtype)
         return batches_loss(model, final_val, result.dtype, "cpu")[0]
@@ -138,7 +142,7 @@ def main() -> None:
             loop = BareLoop(train_ids, tok.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, tc.batch_size,
                             tc, dtype=dtype, fused=fused, val_batches=loop_val)
             loop.run(tc.max_iters)
-            step_ms[name].append(steady_ms(loop.starts))
+            steady_ms(name, loop.starts)
             return loop.val_loss(final_val)
         return run
 
@@ -176,7 +180,7 @@ def main() -> None:
         "probe_share_of_ours_last_trial": round(probe_s * tps["ours"][-1] / tokens_per_run, 3),
         # the step itself, steady state (WARMUP steps and the val-loss steps left out): median ms over trials
         "step_ms": {k: round(v, 2) for k, v in med_ms.items()},
-        "step_ms_trials": {k: [round(x, 2) for x in v] for k, v in step_ms.items()},
+        "step_ms_trials": {k: [round(x, 2) for x in v] for k, v in step_ms.items()}, "step_ms_quarters": quarters,
         "step_warmup_left_out": WARMUP, "step_overhead_vs_bare_same": round(overhead, 4),
         "val_loss_final": {k: round(v, 4) for k, v in vals.items()}, "val_batches_final": len(final_val),
         "target": {"ours_over_nanogpt": TARGET_RATIO, "val_loss": TARGET_VAL,
