@@ -69,7 +69,8 @@ class BareGPT(nn.Module):
 
 
 class BareLoop:
-    """nanoGPT's training loop state; `run(n)` does n more steps and returns their wall seconds."""
+    """nanoGPT's training loop state; `run(n)` does n more steps and returns their wall seconds. `starts` holds
+    the perf_counter reading at the start of every step (bench_common.step_periods turns them into step times)."""
 
     def __init__(self, tokens: np.ndarray, vocab: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
                  batch_size: int, cfg, seed: int = 1337, *, dtype: str = "float32", fused: bool = False,
@@ -85,7 +86,7 @@ class BareLoop:
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                       {"params": rest, "weight_decay": 0.0}],
                                      lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused or None)
-        self.step, self.loss = 0, float("nan")
+        self.step, self.loss, self.starts = 0, float("nan"), []
 
     def _lr(self, it: int) -> float:  # nanoGPT's get_lr: linear warmup, cosine to min_lr
         c = self.cfg
@@ -97,6 +98,7 @@ class BareLoop:
     def run(self, n: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
+            self.starts.append(time.perf_counter())
             for g in self.opt.param_groups:
                 g["lr"] = self._lr(self.step)
             ix = torch.randint(len(self.tokens) - self.T, (self.B,))

@@ -6,6 +6,7 @@
     finish(res)          adds the load average at the end (a figure measured under load does not count)
     timed(fn)            Timing(wall_s, cpu_s, value): wall time, and this process's CPU time, which
                          keeps ratios between systems meaningful when other jobs share the cores
+    step_periods(...)    a training loop's steady-state step times from the clock readings at each step's start
 """
 from __future__ import annotations
 
@@ -65,3 +66,9 @@ def timed(fn: Callable[[], Any]) -> Timing:
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     kids2 = resource.getrusage(resource.RUSAGE_CHILDREN)
     return Timing(wall, cpu + (kids2.ru_utime - kids.ru_utime) + (kids2.ru_stime - kids.ru_stime), value)
+
+
+def step_periods(starts: list[float], *, warmup: int, skip: Callable[[int], bool] = lambda step: False) -> list[float]:
+    """Seconds of each whole step i (from its start to the next step's start: everything the loop does for it),
+    for steps `warmup`.. that have a next start and are not `skip(i)` (e.g. the steps that also score val loss)."""
+    return [b - a for i, (a, b) in enumerate(zip(starts, starts[1:])) if i >= warmup and not skip(i)]

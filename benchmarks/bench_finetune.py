@@ -11,12 +11,21 @@ seconds. Reported: median tokens/s over trials, and the bytes of AdamW state (ex
 exp_avg_sq + step) each method allocates. Target: LoRA >= 1.5x the tokens/s of full fine-tuning
 with <= 10% of its optimizer memory.
 
+Our step vs a bare step (issue 17: overhead <= 10 %): every trial also runs a bare loop on the same model
+(the same factory: base weights, LoRA adapters or not) and the same batches: forward, cross-entropy, backward,
+clip (foreach), AdamW (fused) over the trainable parameters, zero_grad, the loss read: no schedule, no log, no
+trainer. Ours and bare alternate which goes first. The step time is the median over the timed steps of a trial
+(CPU seconds: the primary figure with one thread, as above; wall beside it); step_overhead = ours / bare - 1,
+median over trials, per method.
+
 With `--curves-steps N` it also fine-tunes both ways on the planted-facts set of
 tests/train/planted_facts.py through `tinystack.train.finetune` and plots the two loss curves
 (finetune_loss.png, finetune_loss.json).
 
     .venv/bin/python benchmarks/bench_finetune.py [--threads 1] [--trials 3] [--steps 4] [--batch 4] [--rank 8]
-                                                 [--curves-steps 16] [--model DIR]
+                                                 [--seq 256] [--curves-steps 16] [--model DIR] [--quick]
+
+--quick: 1 trial of 3 steps of 1 x 64 tokens, no curves -> results/finetune_quick.json (untracked): a smoke test.
 """
 from __future__ import annotations
 
@@ -30,15 +39,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, ROOT, finish, machine
+from bench_common import RESULTS, ROOT, finish, machine
 from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.train.finetune import build_model
 from tinystack.train.loop import make_optimizer, train_model
 
-SEQ = 256
+SEQ = 256  # tokens per sequence unless --seq
+TARGET_STEP_OVERHEAD = 0.10
 CACHE = ROOT / "benchmarks/.cache/smollm2-135m-instruct"
 
 
@@ -67,14 +78,23 @@ def smollm2_dir(path: Path | None) -> Path:
 class TimedBatches:
     """Random full-target batches; records the CPU and wall clock at every draw (= the start of a step)."""
 
-    def __init__(self, vocab: int, seed: int) -> None:
-        self.rng, self.vocab = np.random.default_rng(seed), vocab
+    def __init__(self, vocab: int, seed: int, seq: int = SEQ) -> None:
+        self.rng, self.vocab, self.seq = np.random.default_rng(seed), vocab, seq
         self.marks: list[tuple[float, float]] = []
 
     def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         self.marks.append((time.process_time(), time.perf_counter()))
-        ids = self.rng.integers(0, self.vocab, (n, SEQ + 1))
+        ids = self.rng.integers(0, self.vocab, (n, self.seq + 1))
         return ids[:, :-1], ids[:, 1:]
+
+    def steps(self, tokens: int) -> dict:
+        """The timed steps (all but the first, a warm-up): CPU and wall seconds of each, and the rates."""
+        self.marks.append((time.process_time(), time.perf_counter()))  # end of the last step (+ the loop's exit)
+        cpu = [b[0] - a[0] for a, b in zip(self.marks[1:], self.marks[2:])]
+        wall = [b[1] - a[1] for a, b in zip(self.marks[1:], self.marks[2:])]
+        return {"cpu_s_per_step": cpu, "wall_s_per_step": wall, "tokens_per_step": tokens,
+                "tokens_per_cpu_s": tokens * len(cpu) / sum(cpu), "tokens_per_wall_s": tokens * len(wall) / sum(wall),
+                "median_step_cpu_s": statistics.median(cpu), "median_step_wall_s": statistics.median(wall)}
 
     def state_dict(self) -> dict:
         return {}
@@ -95,16 +115,31 @@ def optimizer_bytes(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig) -> t
     return state, sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int) -> dict:
-    batches = TimedBatches(49152, seed)
+def trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int, seq: int = SEQ) -> dict:
+    """Our fine-tuning step: the trainer (`train_model`) as `tinystack finetune` runs it."""
+    batches = TimedBatches(49152, seed, seq)
     _, result = train_model(lambda: build_model(model_dir, ft), batches, None, tcfg, progress=False)
-    batches.marks.append((time.process_time(), time.perf_counter()))  # end of the last step (+ the loop's exit)
-    cpu = [b[0] - a[0] for a, b in zip(batches.marks[1:], batches.marks[2:])]  # steps 1.. (step 0 warms up)
-    wall = [b[1] - a[1] for a, b in zip(batches.marks[1:], batches.marks[2:])]
-    tokens = tcfg.batch_size * SEQ
-    return {"cpu_s_per_step": cpu, "wall_s_per_step": wall, "tokens_per_step": tokens,
-            "tokens_per_cpu_s": tokens * len(cpu) / sum(cpu), "tokens_per_wall_s": tokens * len(wall) / sum(wall),
-            "final_loss": result.final_train_loss}
+    return {**batches.steps(tcfg.batch_size * seq), "final_loss": result.final_train_loss}
+
+
+def bare_trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int, seq: int = SEQ) -> dict:
+    """The anchor: the same model and batches through a bare forward/backward/clip/AdamW loop."""
+    torch.manual_seed(tcfg.seed)  # as train_model seeds before building (LoRA's random init)
+    model = build_model(model_dir, ft).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tcfg.learning_rate, betas=(tcfg.beta1, tcfg.beta2),
+                            weight_decay=tcfg.weight_decay, fused=True)
+    batches = TimedBatches(49152, seed, seq)
+    for _ in range(tcfg.max_iters):
+        x, y = (torch.from_numpy(a) for a in batches.sample(tcfg.batch_size))
+        logits, _ = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        final_loss = loss.item()
+    return {**batches.steps(tcfg.batch_size * seq), "final_loss": final_loss}
 
 
 def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: Path) -> dict:
@@ -174,9 +209,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="optimiser steps per trial (the first is not timed)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
     ap.add_argument("--curves-steps", type=int, default=0, help="> 0: also plot planted-facts loss curves")
-    ap.add_argument("--out", type=Path, default=RESULTS / "finetune.json")
+    ap.add_argument("--quick", action="store_true", help="1 trial of 3 steps of 1 x 64 tokens: a smoke test")
+    ap.add_argument("--out", type=Path, default=None, help="default: results/finetune.json (--quick: _quick)")
     args = ap.parse_args()
+    if args.quick:
+        args.trials, args.steps, args.batch, args.seq, args.curves_steps = 1, 3, 1, 64, 0
+    args.out = args.out or RESULTS / ("finetune_quick.json" if args.quick else "finetune.json")
     torch.set_num_threads(args.threads)
     model_dir = smollm2_dir(args.model)
     tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
@@ -185,31 +225,44 @@ def main() -> None:
     if args.targets:
         lora.lora_targets = args.targets.split(",")
     methods = {"full": FinetuneConfig(lora=0), f"lora r={args.rank}": lora}
-    res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": SEQ,
+    res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": args.seq,
                  "lora_targets": lora.lora_targets,
                  "batch": args.batch, "steps_per_trial": args.steps, "cpu_model": cpu_model(), "machine": machine(),
                  "methods": {}}
     for name, ft in methods.items():
         state, trainable = optimizer_bytes(model_dir, ft, tcfg)
-        res["methods"][name] = {"optimizer_state_bytes": state, "trainable_params": trainable, "trials": []}
+        res["methods"][name] = {"optimizer_state_bytes": state, "trainable_params": trainable, "trials": [],
+                                "bare_trials": []}
         print(f"{name}: {trainable:,} trainable parameters, AdamW state {state / 2**20:,.1f} MiB", flush=True)
+    loops = {"trials": trial, "bare_trials": bare_trial}
     for t in range(args.trials):
         for name, ft in methods.items():
-            row = trial(model_dir, ft, tcfg, seed=t)
-            res["methods"][name]["trials"].append(row)
-            print(f"trial {t} {name}: {row['tokens_per_cpu_s']:,.1f} tokens/CPU-s, {row['tokens_per_wall_s']:,.1f} "
-                  f"tokens/wall-s", flush=True)
+            for kind in (list(loops) if t % 2 == 0 else list(loops)[::-1]):  # ours and bare take turns going first
+                row = loops[kind](model_dir, ft, tcfg, seed=t, seq=args.seq)
+                res["methods"][name][kind].append(row)
+                print(f"trial {t} {name} {'ours' if kind == 'trials' else 'bare'}: {row['tokens_per_cpu_s']:,.1f} "
+                      f"tokens/CPU-s, {row['tokens_per_wall_s']:,.1f} tokens/wall-s, step "
+                      f"{row['median_step_cpu_s']:.3f} CPU-s / {row['median_step_wall_s']:.3f} s", flush=True)
     for m in res["methods"].values():
         m["median_tokens_per_cpu_s"] = statistics.median(r["tokens_per_cpu_s"] for r in m["trials"])
         m["median_tokens_per_wall_s"] = statistics.median(r["tokens_per_wall_s"] for r in m["trials"])
+        for clock in ("cpu", "wall"):  # our step / the bare step of the same trial, median over trials
+            ratios = [o[f"median_step_{clock}_s"] / b[f"median_step_{clock}_s"]
+                      for o, b in zip(m["trials"], m["bare_trials"])]
+            m[f"step_overhead_{clock}"] = statistics.median(ratios) - 1
+        m["step_overhead_met"] = m["step_overhead_cpu"] <= TARGET_STEP_OVERHEAD
     full, lora = res["methods"]["full"], res["methods"][f"lora r={args.rank}"]
     res["lora_speedup_cpu"] = lora["median_tokens_per_cpu_s"] / full["median_tokens_per_cpu_s"]
     res["lora_speedup_wall"] = lora["median_tokens_per_wall_s"] / full["median_tokens_per_wall_s"]
     res["lora_optimizer_memory_fraction"] = lora["optimizer_state_bytes"] / full["optimizer_state_bytes"]
     res["target_met"] = res["lora_speedup_cpu"] >= 1.5 and res["lora_optimizer_memory_fraction"] <= 0.10
+    res["target_step_overhead"] = TARGET_STEP_OVERHEAD
     print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s "
           f"(CPU time; wall {res['lora_speedup_wall']:.2f}x), "
           f"{100 * res['lora_optimizer_memory_fraction']:.2f}% of the optimizer memory", flush=True)
+    for name, m in res["methods"].items():
+        print(f"{name}: our step vs the bare step {100 * m['step_overhead_cpu']:+.1f} % CPU time "
+              f"({100 * m['step_overhead_wall']:+.1f} % wall; target <= {100 * TARGET_STEP_OVERHEAD:.0f} %)")
     write_json(args.out, finish(res))
     print(f"wrote {args.out}")
     if args.curves_steps > 0:

@@ -5,7 +5,8 @@ Reads ../shared/data/tinyshakespeare.txt directly, one token per character, spli
 steps, dropout 0) three ways, interleaved over --trials trials (the order rotates each trial), in one process:
 
     ours         tinystack.train.train with the config's [train] as shipped: what `tinystack train` runs
-                 (dtype "auto": float32 or bf16 autocast, measured at start; the choice is recorded)
+                 (dtype "auto": float32 or bf16 autocast, measured at start; the choice is recorded); called
+                 as train does it, train_model over a BatchSampler, one that notes when each step draws
     nanogpt      benchmarks/bare_gpt_loop.BareLoop as nanoGPT ships for CPU: float32, unfused AdamW, no
                  compile, .item() every step, val loss every eval_interval (the anchor of the target)
     bare_same    the same bare loop with our precision, fused AdamW, foreach clipping: what our loop itself costs
@@ -13,6 +14,13 @@ steps, dropout 0) three ways, interleaved over --trials trials (the order rotate
 tokens/s is steps x batch x context over the whole call's wall time (model build, the precision probe, the
 periodic val losses included), median over trials. Reported: ours/nanogpt (target >= 1.2x), ours/bare_same,
 final val loss of each on 200 fixed batches (target <= 1.85), a 200-character sample and a PNG loss curve.
+
+The step (issue 17: our step vs a bare forward/backward/AdamW step of the same model, overhead <= 10 %): each
+loop's clock reading at every step's start (ours: when the loop draws the step's batch, a BatchSampler that notes
+the time; bare: BareLoop.starts) gives each whole step's time, from its start to the next step's: everything the
+loop does for it, logging included. Steady state = after the first WARMUP steps, leaving out the steps that also
+score the val loss; per run the median, then the median over trials. step_overhead_vs_bare_same = ours' step /
+bare_same's step - 1 (same model, same precision, same batch, same clipping).
 
     .venv/bin/python benchmarks/bench_train_shakespeare.py [--quick] [--trials 3] [--threads N] [--set k=v]
 
@@ -35,19 +43,31 @@ import numpy as np
 import torch
 
 from bare_gpt_loop import BareLoop
-from bench_common import RESULTS, ROOT, finish, machine
+from bench_common import RESULTS, ROOT, finish, machine, step_periods
 from tinystack.atomic import write_json
 from tinystack.config import load_config
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.tokenizer import CharTokenizer
-from tinystack.train import train
-from tinystack.train.batches import eval_batches
-from tinystack.train.loop import batches_loss
+from tinystack.train.batches import BatchSampler, eval_batches
+from tinystack.train.loop import batches_loss, train_model
 from tinystack.train.plot import plot_loss_curve
 
 DATA = ROOT.parent / "shared/data/tinyshakespeare.txt"
-TARGET_VAL, TARGET_RATIO = 1.85, 1.2
+TARGET_VAL, TARGET_RATIO, TARGET_STEP_OVERHEAD = 1.85, 1.2, 0.10
+WARMUP = 5  # steps left out of the step times: first-call allocations, kernel selection, AdamW's lazy state
 QUICK = ["train.max_iters=60", "train.eval_interval=30", "train.eval_iters=5", "train.warmup_iters=10"]
+
+
+class ClockedSampler(BatchSampler):
+    """Our loop's batch source, noting the time at every draw: the start of a step."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.starts: list[float] = []
+
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        self.starts.append(time.perf_counter())
+        return super().sample(n)
 
 
 def load_split(path: Path, val_fraction: float = 0.1) -> tuple[CharTokenizer, np.ndarray, np.ndarray]:
@@ -96,39 +116,56 @@ def main() -> None:
     res: dict[str, Any] = {"machine": machine()}
     kept: dict[str, Any] = {}
 
+    step_ms: dict[str, list[float]] = {"ours": [], "nanogpt": [], "bare_same": []}  # per trial: median step
+    quarters: dict[str, list[list[float]]] = {k: [] for k in step_ms}  # per trial: median of each quarter of the run
+
+    def steady_ms(name: str, starts: list[float]) -> None:
+        def scores_val(i: int) -> bool:
+            return (i + 1) % tc.eval_interval == 0 or i + 1 == tc.max_iters
+        periods = step_periods(starts, warmup=WARMUP, skip=scores_val)
+        step_ms[name].append(statistics.median(periods) * 1e3)
+        # a step that slows as the run goes on (numerics, memory, the machine) shows here, not in one median
+        quarters[name].append([round(statistics.median(q) * 1e3, 2) for q in np.array_split(periods, 4) if len(q)])
+
     def ours() -> float:
-        # the JSONL log every step, as `tinystack train` writes it (each trial rewrites it; the last one stays)
-        model, result = train(gcfg, train_ids, val_ids, tc, log_path=log, progress=False)
+        # `tinystack train` (train.train) is exactly this call with a plain BatchSampler; the JSONL log every
+        # step, as it writes it (each trial rewrites it; the last one stays)
+        sampler = ClockedSampler(train_ids, m.block_size, tc.seed)
+        model, result = train_model(lambda: GPT(gcfg), sampler, loop_val, tc, log_path=log, progress=False)
+        steady_ms("ours", sampler.starts)
         kept["ours"] = (model, result)
         kept.setdefault("dtypes", []).append(result.dtype)
         return batches_loss(model, final_val, result.dtype, "cpu")[0]
 
-    def bare(dtype: str, fused: bool) -> Callable[[], float]:
+    def bare(name: str, dtype: str, fused: bool) -> Callable[[], float]:
         def run() -> float:
             loop = BareLoop(train_ids, tok.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, tc.batch_size,
                             tc, dtype=dtype, fused=fused, val_batches=loop_val)
             loop.run(tc.max_iters)
+            steady_ms(name, loop.starts)
             return loop.val_loss(final_val)
         return run
 
     for dtype in ("float32", "bfloat16"):  # untimed warm-up: the process's first kernels (oneDNN) for these shapes
         BareLoop(train_ids, tok.vocab_size, m.block_size, m.n_layer, m.n_head, m.n_embd, tc.batch_size, tc,
                  dtype=dtype).run(3)
-    runners: dict[str, Callable[[], float]] = {"ours": ours, "nanogpt": bare("float32", False)}
+    runners: dict[str, Callable[[], float]] = {"ours": ours, "nanogpt": bare("nanogpt", "float32", False)}
     tps: dict[str, list[float]] = {k: [] for k in [*runners, "bare_same"]}
     vals: dict[str, float] = {}
     for trial in range(args.trials):
         names = list(tps)
         for name in names[trial % len(names):] + names[:trial % len(names)]:  # rotate: no runner always first
             if name == "bare_same":  # our precision choice is known once `ours` has run (trial 0 runs it first)
-                runners[name] = bare(kept["ours"][1].dtype, True)
+                runners[name] = bare(name, kept["ours"][1].dtype, True)
             t0 = time.perf_counter()
             vals[name] = runners[name]()
             tps[name].append(tokens_per_run / (time.perf_counter() - t0))
-            print(f"trial {trial + 1}/{args.trials} {name:9s} {tps[name][-1]:8,.0f} tokens/s  val {vals[name]:.4f}",
-                  flush=True)
+            print(f"trial {trial + 1}/{args.trials} {name:9s} {tps[name][-1]:8,.0f} tokens/s  "
+                  f"step {step_ms[name][-1]:6.1f} ms  val {vals[name]:.4f}", flush=True)
     model, result = kept["ours"]
     med = {k: statistics.median(v) for k, v in tps.items()}
+    med_ms = {k: statistics.median(v) for k, v in step_ms.items()}
+    overhead = med_ms["ours"] / med_ms["bare_same"] - 1
     probe_s = result.precision_probe["probe_s"] if result.precision_probe else 0.0
     res.update({
         "config": os.path.relpath(args.config, ROOT), "quick": args.quick, "trials": args.trials,
@@ -141,11 +178,17 @@ def main() -> None:
         "ours_over_bare_same": round(med["ours"] / med["bare_same"], 3),
         # the probe is a fixed cost (~12 forward/backward passes): ~1% of 2,000 steps, much more of --quick's 60
         "probe_share_of_ours_last_trial": round(probe_s * tps["ours"][-1] / tokens_per_run, 3),
+        # the step itself, steady state (WARMUP steps and the val-loss steps left out): median ms over trials
+        "step_ms": {k: round(v, 2) for k, v in med_ms.items()},
+        "step_ms_trials": {k: [round(x, 2) for x in v] for k, v in step_ms.items()}, "step_ms_quarters": quarters,
+        "step_warmup_left_out": WARMUP, "step_overhead_vs_bare_same": round(overhead, 4),
         "val_loss_final": {k: round(v, 4) for k, v in vals.items()}, "val_batches_final": len(final_val),
-        "target": {"ours_over_nanogpt": TARGET_RATIO, "val_loss": TARGET_VAL},
+        "target": {"ours_over_nanogpt": TARGET_RATIO, "val_loss": TARGET_VAL,
+                   "step_overhead_vs_bare_same": TARGET_STEP_OVERHEAD},
     })
     if not args.quick:
         res["met"] = res["ours_over_nanogpt"] >= TARGET_RATIO and vals["ours"] <= TARGET_VAL
+        res["step_overhead_met"] = overhead <= TARGET_STEP_OVERHEAD
     res["sample"] = sample(model, tok, 200)
     if not args.quick:
         png = plot_loss_curve(log, out_path.with_suffix(".png"), title="shakespeare-char: loss (ours, CPU)")
@@ -155,6 +198,9 @@ def main() -> None:
     print(f"tokens/s (median of {args.trials}): ours {med['ours']:,.0f}, nanoGPT loop {med['nanogpt']:,.0f}, "
           f"bare loop with our settings {med['bare_same']:,.0f} -> ours/nanoGPT {res['ours_over_nanogpt']:.2f}x "
           f"(target >= {TARGET_RATIO}x), ours/bare_same {res['ours_over_bare_same']:.2f}x")
+    print(f"step, steady state (median of {args.trials}): ours {med_ms['ours']:.1f} ms, nanoGPT loop "
+          f"{med_ms['nanogpt']:.1f} ms, bare loop with our settings {med_ms['bare_same']:.1f} ms -> our overhead "
+          f"{100 * overhead:+.1f} % (target <= {100 * TARGET_STEP_OVERHEAD:.0f} %)")
     val_txt = ", ".join(f"{k} {v:.4f}" for k, v in vals.items())
     print(f"val loss on {len(final_val)} batches: {val_txt} (target <= {TARGET_VAL}"
           f"{'; not checked in --quick' if args.quick else ''})")

@@ -1,6 +1,7 @@
 """The training loop learns, follows the schedule, refuses to continue on a non-finite loss."""
 import json
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -75,3 +76,23 @@ def test_weight_decay_skips_biases_norms_and_embeddings():
     assert all(names[id(p)].endswith("weight") and "ln" not in names[id(p)] for p in decay["params"])
     assert {names[id(p)] for p in no_decay["params"]} >= {"transformer.wte.weight", "transformer.wpe.weight",
                                                          "transformer.ln_f.weight", "transformer.h.0.attn.c_attn.bias"}
+
+
+def test_progress_bar_draws_from_the_loop_without_a_refresh_thread(capsys):
+    """rich's auto-refresh thread would redraw 10x a second while torch computes; the loop redraws between steps."""
+    from rich.live import _RefreshThread
+
+    from tinystack.train import BatchSampler
+    from tinystack.train.loop import train_model
+
+    refresh_threads = []  # at each step's draw: rich refresh threads alive
+
+    class Watching(BatchSampler):
+        def sample(self, n):
+            refresh_threads.append(sum(isinstance(t, _RefreshThread) for t in threading.enumerate()))
+            return super().sample(n)
+
+    gcfg = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=1, n_embd=16)
+    train_model(lambda: GPT(gcfg), Watching(_tokens(), gcfg.block_size, 0), None, _cfg(max_iters=5), progress=True)
+    assert refresh_threads == [0] * 5
+    assert "5/5" in capsys.readouterr().out  # the last step is always drawn

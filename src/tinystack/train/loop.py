@@ -50,6 +50,7 @@ from tinystack.train.distributed import DistInfo, init_distributed, mean_across_
 
 IGNORE_INDEX = -1  # a target the loss skips (padding, prompt tokens); the models' own ignore_index
 _NO_DECAY = ("wte", "wpe", "embed_tokens")  # embeddings: GPT-2's, Llama's
+REFRESH_S = 1.0  # the progress bar's redraw interval (seconds)
 
 
 class BatchSource(Protocol):
@@ -245,8 +246,11 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     tokens_done = 0  # positions fed to the model since start (all ranks): the work, padding included
     loss_value = float("nan")
     t_start = time.perf_counter()
+    # no auto-refresh thread: rich's redraws 10x a second (~2 ms each, measured) on a thread that preempts torch's
+    # compute threads at random; the loop redraws itself between steps, at most once every REFRESH_S
     bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                   TimeRemainingColumn(), disable=not (progress and info.is_main), transient=False)
+                   TimeRemainingColumn(), disable=not (progress and info.is_main), transient=False, auto_refresh=False)
+    last_redraw = 0.0  # seconds since t_start
     try:
         with bar:
             task = bar.add_task(label, total=cfg.max_iters, completed=start, info="")
@@ -285,8 +289,10 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
                 if "val_loss" in record and progress and info.is_main:  # a plain line too, for logs and CI output
                     bar.console.print(f"step {step + 1}/{cfg.max_iters}: loss {loss_value:.3f}{val_txt}, "
                                       f"lr {lr:.2e}, {record['tokens_per_s']:,.0f} tokens/s")
+                redraw = last or elapsed - last_redraw >= REFRESH_S
+                last_redraw = elapsed if redraw else last_redraw
                 tps = record["tokens_per_s"]
-                bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {tps:,.0f} tok/s")
+                bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {tps:,.0f} tok/s", refresh=redraw)
     finally:
         if log:
             log.close()
@@ -318,7 +324,8 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
     x_all, y_all = sampler.sample(B * A * info.world_size)
     mine = slice(info.rank * B * A, (info.rank + 1) * B * A)
     x_all, y_all = torch.from_numpy(x_all[mine]).to(dev), torch.from_numpy(y_all[mine]).to(dev)
-    total, n_tokens = 0.0, 0
+    # the micro-batch losses are summed on the device and read once per step: one host sync, not one per micro-batch
+    total, n_tokens = torch.zeros((), dtype=torch.float64, device=dev), 0
     for micro in range(A):
         x, y = _trim(x_all[micro * B:(micro + 1) * B], y_all[micro * B:(micro + 1) * B])
         n_tokens += x.numel()
@@ -330,8 +337,8 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
             loss = lm_loss(logits, y)
             # the mean over micro-batches = the big batch's mean (exactly when each has as many targets)
             scaler.scale(loss / A).backward()
-        total += loss.item()
-    loss_value = mean_across_ranks(total / A, info, str(dev))
+        total += loss.detach()
+    loss_value = mean_across_ranks(total.item() / A, info, str(dev))
     if not math.isfinite(loss_value):
         opt.zero_grad(set_to_none=True)
         raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping ({DIVERGED})")
