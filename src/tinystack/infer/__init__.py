@@ -10,8 +10,8 @@
               or DynamicBatcher (batcher.py)      picks [(seq, n tokens)] within the budgets
               BlockManager (block_manager.py)      blocks, refcounts, prefix cache, LRU eviction
               ModelRunner (model_runner.py)        ragged batch -> model over BatchView (paged_cache.py);
-                                                   steps of decodes only -> FusedDecode (fused_decode.py:
-                                                   every Llama layer in one C++ call, quant/decode_step.cpp)
+                                                   short steps -> FusedStep (fused_step.py: every
+                                                   Llama layer in one C++ call, quant/fused_step.cpp)
               sample_batch (sampler.py)            per-request penalties / greedy / top-k / top-p / min-p, seeds
               -> TokenDelta / RequestOutput (outputs.py; RequestMetrics: the request's timing points)
 

@@ -319,7 +319,7 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   return add_bias(y, bias);
 }
 
-void register_decode_step(pybind11::module_& mod);  // decode_step.cpp
+void register_fused_step(pybind11::module_& mod);  // fused_step.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("avx512_available", &avx512_available, "AVX-512 F/BW/VL/DQ + VNNI on this CPU");
@@ -330,5 +330,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
           py::call_guard<py::gil_scoped_release>());
   mod.def("block_quantize", &block_quantize, "float32 [N, K] -> (qs, d, m) in a block format, as llama.cpp");
   mod.def("block_dequantize", &block_dequantize, "(qs, d, m) -> float32 [N, K]");
-  register_decode_step(mod);
+  register_fused_step(mod);
 }

@@ -38,7 +38,7 @@ from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
 PATHS = ("avx512", "cpp", "torch")
 GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
 _KERNELS_FOR_ALL_ROWS = contextvars.ContextVar("kernels_for_all_rows", default=False)
-_SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp", "decode_step.cpp")]
+_SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp", "fused_step.cpp")]
 _HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "pool.h")]
 
 

@@ -1,8 +1,9 @@
-// A decode step of a Llama-family model in one call: D sequences, one new token each, every layer in C++.
+// A model step of a Llama-family model in one call: every layer in C++, for the step's packed tokens (decodes,
+// speculative verification rows, short prefill chunks).
 //
-// Per layer, for the rows' residual stream x [D, H] (float32):
+// Per layer, for the tokens' residual stream x [N, H] (float32):
 //   h = rms(x) * g_in;   qkv = h @ Wqkv^T (+ b);   q and k heads rotated at each row's position (rope tables)
-//   k, v written to the row's slot in the paged cache;  each query head attends over its row's keys 0..pos,
+//   k, v written to the row's slot in the paged cache;  each query head attends over its row's keys 0..its position,
 //   read in place through the block table (no gather);  x += attn @ Wo^T
 //   h = rms(x) * g_post;  [g | u] = h @ Wgu^T;  x += (silu(g) * u) @ Wdown^T
 // The arithmetic of model/llama.py over infer/paged_cache.BatchView, without its ~40 PyTorch calls per
@@ -116,12 +117,12 @@ void attend_plain(const float* q, const float* K, const float* V, const int64_t*
   attend_body(q, K, V, table, bs, S, grp, hd, scale, scores, out);
 }
 
-class DecodeLayers {
+class FusedLayers {
  public:
   // dims = {n_layer, hidden, n_head, n_kv_head, head_dim, intermediate}; norms = [in_0, post_0, in_1, ...];
   // per layer 4 linears (qkv, o, gate_up, down), each 4 tensors in `parts` (a, b, c, bias; numel 0 = absent)
   // and a kind in `kinds`; path: 1 AVX-512 kernels, 0 plain C++.
-  DecodeLayers(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> norms, std::vector<int64_t> kinds,
+  FusedLayers(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> norms, std::vector<int64_t> kinds,
                std::vector<torch::Tensor> parts, int64_t path)
       : L_(dims.at(0)), H_(dims.at(1)), nh_(dims.at(2)), nkv_(dims.at(3)), hd_(dims.at(4)), I_(dims.at(5)),
         eps_((float)eps), path_((int)path), norms_(std::move(norms)), parts_(std::move(parts)) {
@@ -159,70 +160,79 @@ class DecodeLayers {
     }
   }
 
-  // x [D, H] float32: the new tokens' embeddings; cos, sin [P, hd] (model/llama.rotary_table); pos [D] int64;
-  // kc, vc [n_layer, n_kv_head, blocks, block_size, hd] float32 (written at each row's slot); tables [D, T] int64,
-  // each row's block table (padding unread). -> the hidden states after the last layer [D, H].
-  torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos, torch::Tensor kc,
-                     torch::Tensor vc, torch::Tensor tables) {
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == H_ && x.scalar_type() == torch::kFloat32, "x must be [D, hidden] float32");
+  // x [N, H] float32: the step's new tokens' embeddings, rows packed one after another; cos, sin [P, hd]
+  // (model/llama.rotary_table); pos [N] each token's position; rows [N] the row of `tables` [R, T] (int64 block
+  // tables, padding unread) that token belongs to; kc, vc [n_layer, n_kv_head, blocks, block_size, hd] float32.
+  // Every token's key/value is written at its slot before any token attends, so token t sees its row's keys
+  // 0..pos[t]: the cached history and the step's own earlier tokens (causal within a chunk).
+  // -> the hidden states after the last layer [N, H].
+  torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos, torch::Tensor rows,
+                     torch::Tensor kc, torch::Tensor vc, torch::Tensor tables) {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == H_ && x.scalar_type() == torch::kFloat32, "x must be [N, hidden] float32");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == hd_ && cos.scalar_type() == torch::kFloat32,
                 "rope tables [P, head_dim] float32");
     TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous() && kc.dim() == 5 && kc.size(0) == L_ && kc.size(1) == nkv_ &&
                 kc.size(4) == hd_ && kc.scalar_type() == torch::kFloat32 && vc.sizes() == kc.sizes(),
                 "KV storage must be contiguous float32 [n_layer, n_kv_head, blocks, block_size, head_dim]");
-    const int D = x.size(0);
-    TORCH_CHECK(pos.numel() == D && tables.dim() == 2 && tables.size(0) == D && tables.is_contiguous() &&
-                pos.scalar_type() == torch::kLong && tables.scalar_type() == torch::kLong, "pos [D], tables [D, T] int64");
+    const int N = x.size(0);
+    TORCH_CHECK(pos.numel() == N && rows.numel() == N && tables.dim() == 2 && tables.is_contiguous() &&
+                pos.is_contiguous() && rows.is_contiguous() && pos.scalar_type() == torch::kLong &&
+                rows.scalar_type() == torch::kLong && tables.scalar_type() == torch::kLong,
+                "pos [N], rows [N], tables [R, T]: contiguous int64");
     const int64_t bs = kc.size(3), slots = kc.size(2) * bs, T = tables.size(1);
-    const int64_t* P = pos.contiguous().data_ptr<int64_t>();
-    const int64_t* tab = tables.data_ptr<int64_t>();
-    for (int r = 0; r < D; ++r)
-      TORCH_CHECK(P[r] >= 0 && P[r] < cos.size(0) && P[r] / bs < T, "row ", r, ": position ", P[r], " out of range");
+    const int64_t *P = pos.data_ptr<int64_t>(), *row = rows.data_ptr<int64_t>(), *tab = tables.data_ptr<int64_t>();
+    for (int t = 0; t < N; ++t) {
+      TORCH_CHECK(row[t] >= 0 && row[t] < tables.size(0), "token ", t, ": row ", row[t], " out of range");
+      TORCH_CHECK(P[t] >= 0 && P[t] < cos.size(0) && P[t] / bs < T, "token ", t, ": position ", P[t], " out of range");
+      const int64_t block = tab[row[t] * T + P[t] / bs];
+      TORCH_CHECK(block >= 0 && block < kc.size(2), "token ", t, ": block ", block, " out of range");
+    }
     auto out = x.contiguous().clone();
     float* X = out.data_ptr<float>();
     const int Q = (nh_ + 2 * nkv_) * hd_, grp = nh_ / nkv_;
-    std::vector<float> h((size_t)D * H_), qkv((size_t)D * Q), att((size_t)D * nh_ * hd_), gu((size_t)D * 2 * I_),
-        act((size_t)D * I_), tmp((size_t)D * H_), rot(hd_);
+    std::vector<float> h((size_t)N * H_), qkv((size_t)N * Q), att((size_t)N * nh_ * hd_), gu((size_t)N * 2 * I_),
+        act((size_t)N * I_), tmp((size_t)N * H_), rot(hd_);
     const float scale = 1.f / std::sqrt((float)hd_);
+    float *kp = kc.data_ptr<float>(), *vp = vc.data_ptr<float>();
     for (int64_t l = 0; l < L_; ++l) {
       const Layer& y = layers_[l];
-      rms(X, y.in_norm, D, h.data());
-      matmul(y.qkv, h.data(), D, H_, qkv.data());
-      for (int r = 0; r < D; ++r) {  // rotary on the q and k heads: x cos + roll(x, hd/2) signed_sin
-        const float *c = cos.data_ptr<float>() + P[r] * hd_, *s = sin.data_ptr<float>() + P[r] * hd_;
+      rms(X, y.in_norm, N, h.data());
+      matmul(y.qkv, h.data(), N, H_, qkv.data());
+      for (int t = 0; t < N; ++t) {  // rotary on the q and k heads: x cos + roll(x, hd/2) signed_sin
+        const float *c = cos.data_ptr<float>() + P[t] * hd_, *s = sin.data_ptr<float>() + P[t] * hd_;
         for (int head = 0; head < nh_ + nkv_; ++head) {
-          float* v = qkv.data() + (size_t)r * Q + head * hd_;
+          float* v = qkv.data() + (size_t)t * Q + head * hd_;
           for (int i = 0; i < hd_; ++i) rot[i] = v[i] * c[i] + v[(i + hd_ / 2) % hd_] * s[i];
           std::memcpy(v, rot.data(), sizeof(float) * hd_);
         }
-        const int64_t slot = tab[r * T + P[r] / bs] * bs + P[r] % bs;
+        const int64_t slot = tab[row[t] * T + P[t] / bs] * bs + P[t] % bs;
         for (int g = 0; g < nkv_; ++g) {
           const size_t at = ((size_t)(l * nkv_ + g) * slots + slot) * hd_;
-          std::memcpy(kc.data_ptr<float>() + at, qkv.data() + (size_t)r * Q + (nh_ + g) * hd_, sizeof(float) * hd_);
-          std::memcpy(vc.data_ptr<float>() + at, qkv.data() + (size_t)r * Q + (nh_ + nkv_ + g) * hd_, sizeof(float) * hd_);
+          std::memcpy(kp + at, qkv.data() + (size_t)t * Q + (nh_ + g) * hd_, sizeof(float) * hd_);
+          std::memcpy(vp + at, qkv.data() + (size_t)t * Q + (nh_ + nkv_ + g) * hd_, sizeof(float) * hd_);
         }
       }
-      row_pool().run((int64_t)D * nkv_, 1, [&](int64_t t0, int64_t t1) {  // one task per (row, kv head)
+      row_pool().run((int64_t)N * nkv_, 1, [&](int64_t t0, int64_t t1) {  // one task per (token, kv head)
         std::vector<float> scores;
-        for (int64_t t = t0; t < t1; ++t) {
-          const int r = t / nkv_, g = t % nkv_, S = P[r] + 1;
+        for (int64_t task = t0; task < t1; ++task) {
+          const int t = task / nkv_, g = task % nkv_, S = P[t] + 1;
           scores.resize((size_t)grp * S);
           const size_t base = (size_t)(l * nkv_ + g) * slots * hd_;
-          (path_ ? attend_avx512 : attend_plain)(qkv.data() + (size_t)r * Q + g * grp * hd_, kc.data_ptr<float>() + base,
-                                                 vc.data_ptr<float>() + base, tab + r * T, bs, S, grp, hd_, scale,
-                                                 scores.data(), att.data() + ((size_t)r * nh_ + g * grp) * hd_);
+          (path_ ? attend_avx512 : attend_plain)(qkv.data() + (size_t)t * Q + g * grp * hd_, kp + base, vp + base,
+                                                 tab + row[t] * T, bs, S, grp, hd_, scale, scores.data(),
+                                                 att.data() + ((size_t)t * nh_ + g * grp) * hd_);
         }
       });
-      matmul(y.o, att.data(), D, nh_ * hd_, tmp.data());
+      matmul(y.o, att.data(), N, nh_ * hd_, tmp.data());
       for (size_t i = 0; i < tmp.size(); ++i) X[i] += tmp[i];
-      rms(X, y.post_norm, D, h.data());
-      matmul(y.gate_up, h.data(), D, H_, gu.data());
-      for (int r = 0; r < D; ++r)
+      rms(X, y.post_norm, N, h.data());
+      matmul(y.gate_up, h.data(), N, H_, gu.data());
+      for (int r = 0; r < N; ++r)
         for (int64_t i = 0; i < I_; ++i) {
           const float g = gu[(size_t)r * 2 * I_ + i], u = gu[(size_t)r * 2 * I_ + I_ + i];
           act[(size_t)r * I_ + i] = g / (1.f + std::exp(-g)) * u;
         }
-      matmul(y.down, act.data(), D, I_, tmp.data());
+      matmul(y.down, act.data(), N, I_, tmp.data());
       for (size_t i = 0; i < tmp.size(); ++i) X[i] += tmp[i];
     }
     return out;
@@ -271,10 +281,10 @@ class DecodeLayers {
 
 }  // namespace tinystack
 
-void register_decode_step(pybind11::module_& mod) {
+void register_fused_step(pybind11::module_& mod) {
   // the GIL is released while a step runs, as for the matmuls
-  pybind11::class_<tinystack::DecodeLayers>(mod, "DecodeLayers")
+  pybind11::class_<tinystack::FusedLayers>(mod, "FusedLayers")
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, std::vector<int64_t>,
                           std::vector<torch::Tensor>, int64_t>())
-      .def("step", &tinystack::DecodeLayers::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("step", &tinystack::FusedLayers::step, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -1,0 +1,150 @@
+"""The fused step (infer/fused_step.py, quant/fused_step.cpp) against the model's own forward over the BatchView:
+same logits and the same keys/values written, for every weight format, GQA, biases, scattered paged blocks, mixed
+contexts, prefill chunks beside decodes and speculative verification rows; greedy generation through it gives the
+tokens of the unfused engine; and a token's logits are the same bits whether it came as a decode or inside a
+verification row (what makes speculative decoding exactly greedy)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from infer_helpers import VOCAB, ToyTokenizer, random_prompts
+
+from tinystack.infer import LLM, SamplingParams
+from tinystack.infer.model_runner import ModelRunner
+from tinystack.infer.paged_cache import KVStorage
+from tinystack.infer.quant import kernels
+from tinystack.infer.quant.formats import FORMATS
+from tinystack.infer.quant.linear import quantize_model
+from tinystack.infer.sampler import SamplingParams as Params
+from tinystack.infer.sequence import Sequence
+from tinystack.model.llama import Llama, LlamaConfig
+
+pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
+
+
+def _llama(bias: bool, fmt: str, seed: int = 0) -> Llama:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, n_layer=3, n_head=6, n_kv_head=2,
+                      head_dim=16, max_position_embeddings=256, attention_bias=bias, mlp_bias=bias)
+    model = Llama(cfg).eval()
+    with torch.no_grad():  # random init zeroes biases and sets norm gains to 1; make both matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    if fmt != "float32":
+        quantize_model(model, fmt)
+    return model
+
+
+def _runner(model: Llama, fused: bool, bs: int = 4, n_blocks: int = 128) -> ModelRunner:
+    storage = KVStorage(3, n_blocks, bs, 2, 16, hugepages=False)
+    return ModelRunner(copy.deepcopy(model), storage, hugepages=False, fused_step=fused)
+
+
+def _sequences(starts: list[int], bs: int, seed: int) -> list[Sequence]:
+    """Sequences with `starts` tokens computed and one more to feed, on scattered (non-consecutive) blocks."""
+    order = torch.randperm(95, generator=torch.Generator().manual_seed(seed)).add(1).tolist()
+    seqs, at = [], 0
+    for i, (s, ids) in enumerate(zip(starts, random_prompts([s + 1 for s in starts], seed=seed))):
+        seq = Sequence(str(i), "", ids, Params(max_tokens=1), max_new_tokens=1)
+        k = -(-(s + 1) // bs)
+        seq.block_table, at = order[at:at + k], at + k
+        seqs.append(seq)
+    return seqs
+
+
+def _prefilled(model: Llama, starts: list[int], seed: int) -> tuple[ModelRunner, ModelRunner, list[Sequence]]:
+    """A fused and an unfused runner whose caches hold the same histories (prefilled through the model's forward
+    in both, one long step), and the sequences with `starts` tokens computed."""
+    fused, ref = _runner(model, True), _runner(model, False)
+    seqs = _sequences(starts, 4, seed)
+    for runner in (fused, ref):
+        runner.fused, kept = None, runner.fused
+        runner.run([(seq, s) for seq, s in zip(seqs, starts) if s > 0])
+        runner.fused = kept
+    for seq, s in zip(seqs, starts):
+        seq.num_computed = s
+    return fused, ref, seqs
+
+
+def _extend(seqs: list[Sequence], n: int) -> None:
+    """n more tokens per sequence, and blocks for them from 96 up (_sequences hands out 1..95)."""
+    free = iter(range(96, 128))
+    for i, seq in enumerate(seqs):
+        seq.token_ids += random_prompts([n], seed=10 + i)[0]
+        while len(seq.block_table) * 4 < len(seq.token_ids):
+            seq.block_table.append(next(free))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, fmt: str) -> None:
+    tol = 1e-4 if fmt in ("float32", "bf16") else 2e-3  # the quantised kernels round activations to int8
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("fmt", ["float32", *FORMATS])
+@pytest.mark.parametrize("bias", [False, True])
+@torch.no_grad()
+def test_fused_step_equals_the_model_forward(fmt, bias):
+    model = _llama(bias, fmt)
+    starts = [0, 9, 30, 3, 17]
+    fused, ref, seqs = _prefilled(model, starts, seed=1)
+    assert fused.fused is not None and ref.fused is None
+    for rows in (seqs, seqs[2:3]):  # a batch of decodes, and batch 1
+        assert fused.fused.accepts(len(rows))
+        got, want = fused.run([(seq, 1) for seq in rows]), ref.run([(seq, 1) for seq in rows])
+        assert got.shape == want.shape == (len(rows), VOCAB)
+        _close(got, want, fmt)
+    torch.testing.assert_close(fused.storage.k, ref.storage.k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused.storage.v, ref.storage.v, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "q8_0"])
+@torch.no_grad()
+def test_prefill_chunks_and_verification_rows_equal_the_model_forward(fmt):
+    model = _llama(True, fmt, seed=4)
+    starts = [0, 9, 30, 3]
+    fused, ref, seqs = _prefilled(model, starts, seed=5)
+    _extend(seqs, 12)
+    batch = [(seqs[0], 7), (seqs[1], 1), (seqs[2], 3), (seqs[3], 1)]  # a chunk from 0, decodes, a chunk mid-way
+    drafts = [[], [5, 6, 7], [], [9]]
+    _close(fused.run(batch, drafts), ref.run(batch, drafts), fmt)
+    _close(fused.run(batch), ref.run(batch), fmt)
+@pytest.mark.parametrize("fmt", FORMATS)
+@torch.no_grad()
+def test_a_verification_row_gives_the_bits_of_one_decode_at_a_time(fmt):
+    """The quantised kernels compute each activation row on its own, in one order, whatever the row count. (Float32
+    layers call torch's GEMM, whose summation order may change with the row count: equal within rounding there.)"""
+    model = _llama(False, fmt, seed=8)
+    a, _, seqs_a = _prefilled(model, [21], seed=9)
+    b, _, seqs_b = _prefilled(model, [21], seed=9)
+    (sa,), (sb,) = seqs_a, seqs_b
+    _extend([sa], 4)
+    _extend([sb], 4)
+    drafts = sa.token_ids[22:25]
+    verified = a.run([(sa, 1)], [drafts])  # [last token, d1, d2, d3] in one step -> 4 logits rows
+    one_by_one = []
+    for _ in range(4):
+        one_by_one.append(b.run([(sb, 1)])[0])
+        sb.num_computed += 1
+    assert torch.equal(verified, torch.stack(one_by_one))
+
+
+@pytest.mark.parametrize("fmt", ["float32", "q4_1"])
+def test_greedy_generation_with_and_without_the_fused_step(fmt):
+    model = _llama(True, fmt, seed=3)
+    prompts = random_prompts([3, 17, 1, 40, 9, 25], seed=7)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    def generate(fused: bool):
+        llm = LLM(copy.deepcopy(model), ToyTokenizer(), memory_limit=2**30, max_num_seqs=6, block_size=4,
+                  verbose=False)
+        assert llm.engine.runner.fused is not None
+        if not fused:
+            llm.engine.runner.fused = None  # every step through the model's forward
+        return [o.token_ids for o in llm.generate(prompts, params)]
+
+    assert generate(True) == generate(False)
