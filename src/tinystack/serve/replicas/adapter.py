@@ -155,9 +155,10 @@ class ReplicaAdapter:
         loop = asyncio.get_running_loop()
         handle = self._streaming.get(loop)
         if handle is None:
-            from ray import serve
+            from ray.serve.handle import DeploymentHandle
 
-            base = serve.get_deployment_handle(self.handle.deployment_name, self.handle.app_name)
+            # a fresh handle (serve.get_deployment_handle gives a cached, maybe initialised one): a router each
+            base = DeploymentHandle(self.handle.deployment_name, self.handle.app_name)
             base._init(_run_router_in_separate_loop=False)
             handle = self._streaming[loop] = base.options(stream=True, _by_reference=False)
         return handle
