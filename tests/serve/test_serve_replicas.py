@@ -72,11 +72,13 @@ def cluster(tmp_path_factory, tokenizer):
         yield cfg, dirs, handle, url, limited_url, small_url
 
 
-def _wait_for_replicas(url: str, n: int, timeout_s: float) -> float:
+def _wait_for_replicas(url: str, n: int, timeout_s: float, gone: str | None = None) -> float:
+    """Seconds until /health says `n` replicas up (and `gone`, a killed one, is no longer among them: Serve
+    lists a killed replica until its controller has seen the death)."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         body = httpx.get(url + "/health", timeout=10).json()
-        if body.get("replicas_up") == n:
+        if body.get("replicas_up") == n and (gone is None or gone not in _replica_ids(url)):
             return time.monotonic() - start
         time.sleep(0.2)
     raise AssertionError(f"replicas up did not return to {n} within {timeout_s} s: {body}")
@@ -171,7 +173,7 @@ def test_a_killed_replica_is_replaced_and_nothing_but_200_429_503_is_seen(cluste
     ray.kill(actor, no_restart=True)
     before = len(results)
     time.sleep(1.0)
-    replaced_in = _wait_for_replicas(url, 2, 90)
+    replaced_in = _wait_for_replicas(url, 2, 90, gone=victim)
     time.sleep(1.0)
     stop.set()
     for t in threads:
@@ -209,8 +211,9 @@ def test_a_stream_cut_by_its_replica_dying_ends_with_a_whole_error_event_and_don
             assert events[-1]["error"]["code"] and len(events) >= 2  # tokens, then the error
             cut += 1
             break
+        _wait_for_replicas(url, 2, 90, gone=victim)
     assert cut == 1
-    _wait_for_replicas(url, 2, 90)
+    _wait_for_replicas(url, 2, 90, gone=victim)
 
 
 def test_a_rolling_update_fails_no_in_flight_request(cluster):
