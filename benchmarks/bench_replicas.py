@@ -149,7 +149,8 @@ def failover(url: str, clients: int, seconds_before: float) -> dict:
              no_restart=True)
     killed = time.monotonic()
     time.sleep(0.5)
-    while httpx.get(url + "/health").json().get("replicas_up") != 2:
+    # Serve lists a killed replica until its controller has seen the death: back means 2 up, the victim not one
+    while httpx.get(url + "/health").json().get("replicas_up") != 2 or victim in _ids(url):
         time.sleep(0.1)
     back_s = time.monotonic() - killed
     time.sleep(2.0)
