@@ -6,11 +6,11 @@ the engine calls change:
 
     encode / decode            the model's tokenizer, loaded here, with the engine's prompt rules
     stream(id, ids, params)    -> handle.options(stream=True).generate.remote(..., prefix=hashes)
-                                  (a handle per event loop whose router runs on that loop, over Serve's
-                                  gRPC transport: _handle_here) (Ray Serve routes it with router.py)
-                                  -> TokenEvents; the replica
-                                  that serves it goes into the request's log fields (`replica`),
-                                  which the middleware also sends as the x-tinystack-replica header
+                                  (one handle per event loop, its router on that loop, over Serve's
+                                  gRPC transport: _handle_here; Ray Serve routes it with router.py)
+                                  -> TokenEvents; the replica that serves it goes into the
+                                  request's log fields (`replica`), which the middleware also
+                                  sends as the x-tinystack-replica header
         replica died / went away before the first token   -> sent again (another replica), up to
                                                               `retries` times: nothing was lost
         ... after tokens were sent                         -> ReplicaLost: 503, or in a stream an
@@ -57,7 +57,7 @@ def _lost_replica(e: BaseException) -> bool:
     from ray.exceptions import ActorUnavailableError, RayActorError
 
     # on the gRPC path a replica gone before the call is ActorUnavailableError; one lost under a running
-    # stream surfaces as the transport's own error (our code's errors on the replica come back as themselves)
+    # stream can surface as the transport's own error (our code's errors on the replica come back as themselves)
     return isinstance(e, (RayActorError, ActorUnavailableError, grpc.aio.AioRpcError))
 
 
@@ -146,11 +146,12 @@ class ReplicaAdapter:
     def _handle_here(self) -> Any:
         """The streaming handle for this event loop (made once per loop: options() builds a new handle).
 
-        Two choices, each measured (benchmarks/bench_replicas.py --overhead-only): its router runs on this
-        loop (Serve's default is a router thread of its own: every call and every message would cross
-        threads, ~3 ms a request on 2 busy cores), and `_by_reference=False` is Serve's gRPC path straight to
-        the replica's inter-deployment server rather than a Ray actor call with an ObjectRef per message
-        (~2 ms). Routing, health checks and replacement stay Serve's; only the transport changes.
+        Two choices, each measured on the shared 2-core machine under load (benchmarks/bench_replicas.py
+        --overhead-only and same-run probes): its router runs on this loop (Serve's default is a router thread
+        of its own: every call and every message would cross threads; ~3 ms a request), and
+        `_by_reference=False` is Serve's gRPC path straight to the replica's inter-deployment server rather
+        than a Ray actor call with an ObjectRef per message (~2 ms). Routing, health checks and replacement
+        stay Serve's; only the transport changes.
         """
         loop = asyncio.get_running_loop()
         handle = self._streaming.get(loop)
@@ -204,8 +205,8 @@ class ReplicaAdapter:
                     logger.warning("replica lost before the first token of %s; sending it again", request_id)
                     await asyncio.sleep(RETRY_PAUSE_S)
                 finally:
-                    if not ended:  # left early: the replica aborts the sequence. Not after a normal end:
-                        call.cancel()  # cancel() waits on the call's assignment and costs a round trip
+                    if not ended:  # left early: the replica aborts the sequence (after a normal end there is
+                        call.cancel()  # nothing to cancel, yet Serve's cancel() would still resolve and cancel it)
         finally:
             if on_usage is not None:
                 on_usage(usage or SequenceUsage(request_id, len(prompt_ids), sent_tokens, None))
