@@ -20,7 +20,9 @@ generator (tinystack.serve.bench) over HTTP on 127.0.0.1:
 
 Writes benchmarks/results/replicas.json. The machine is shared: load averages are recorded.
 
-    .venv/bin/python benchmarks/bench_replicas.py [--quick] [--clients 16,64] [--pairs 40]
+    .venv/bin/python benchmarks/bench_replicas.py [--quick] [--overhead-only] [--clients 16,64] [--pairs 40]
+
+--overhead-only measures the overhead alone (1 replica; -> replicas_overhead[_quick].json).
 """
 from __future__ import annotations
 
@@ -147,7 +149,8 @@ def failover(url: str, clients: int, seconds_before: float) -> dict:
              no_restart=True)
     killed = time.monotonic()
     time.sleep(0.5)
-    while httpx.get(url + "/health").json().get("replicas_up") != 2:
+    # Serve lists a killed replica until its controller has seen the death: back means 2 up, the victim not one
+    while httpx.get(url + "/health").json().get("replicas_up") != 2 or victim in _ids(url):
         time.sleep(0.1)
     back_s = time.monotonic() - killed
     time.sleep(2.0)
@@ -168,11 +171,12 @@ def _ids(url: str) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke mode: tiny model, few requests, 1 trial")
+    ap.add_argument("--overhead-only", action="store_true", help="only the gateway overhead (1 replica)")
     ap.add_argument("--clients", default="16,64")
     ap.add_argument("--pairs", type=int, default=40)
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
-    pairs = 8 if args.quick else args.pairs
+    pairs = min(args.pairs, 8) if args.quick and not args.overhead_only else args.pairs
     per_level = (lambda c: c) if args.quick else (lambda c: 4 * c)
     res: dict = {"machine": machine(), "quick": args.quick}
     with TemporaryDirectory() as tmp:
@@ -184,39 +188,48 @@ def main() -> None:
             engine = load_engine(model, cfg1.infer)
             handle = deploy.deploy(model, cfg1)
             adapter = deploy.gateway_adapter(handle, model, cfg1)
+            body = lambda i: {"prompt": f"return the number of items {i}", "max_tokens": 16, "ignore_eos": True}
             with run_in_background(create_app(engine, cfg1.serve, model_dir=model)) as single, \
                     run_in_background(create_app(adapter, cfg1.serve, model_dir=model), startup_timeout_s=60) as gw:
                 res["overhead"] = overhead(single, gw, pairs)
                 print("overhead", res["overhead"], flush=True)
-                body = lambda i: {"prompt": f"return the number of items {i}", "max_tokens": 16, "ignore_eos": True}
-                res["scaling"] = [{"replicas": 1, "clients": c, **load(gw, c, body, per_level(c))} for c in clients]
+                if not args.overhead_only:
+                    res["scaling"] = [{"replicas": 1, "clients": c, **load(gw, c, body, per_level(c))}
+                                      for c in clients]
             engine.shutdown()
-            cfg2 = config(2)
-            handle = deploy.deploy(model, cfg2)  # scale to 2 (same model: no restart of the first)
-            adapter = deploy.gateway_adapter(handle, model, cfg2)
-            with run_in_background(create_app(adapter, cfg2.serve, model_dir=model), startup_timeout_s=60) as gw:
-                res["scaling"] += [{"replicas": 2, "clients": c, **load(gw, c, body, per_level(c))} for c in clients]
-                for row in res["scaling"]:
-                    print("scaling", row, flush=True)
-            res["routing"] = []
-            words = 40 if args.quick else 80  # about 4 blocks of 16 tokens of shared prompt
-            for trial, policy in enumerate(["prefix", "round_robin"] * (1 if args.quick else 3)):
-                cfgp = config(2, policy)
-                handle = deploy.deploy(model, cfgp)
-                adapter = deploy.gateway_adapter(handle, model, cfgp)
-                with run_in_background(create_app(adapter, cfgp.serve, model_dir=model), startup_timeout_s=60) as gw:
-                    n = 32 if args.quick else 128
-                    res["routing"].append({"policy": policy, "trial": trial,
-                                           **routing_run(gw, adapter, 100 + trial, 8, n, words)})
-                    print("routing", res["routing"][-1], flush=True)
-                    if trial == 0:
-                        res["failover"] = failover(gw, 8, 3.0 if args.quick else 10.0)
-                        print("failover", res["failover"], flush=True)
+            if not args.overhead_only:
+                two_replicas(model, res, args.quick, clients, per_level, body)
         finally:
             deploy.shutdown(started)
-    out = RESULTS / ("replicas_quick.json" if args.quick else "replicas.json")
+    name = "replicas_overhead" if args.overhead_only else "replicas"
+    out = RESULTS / (f"{name}_quick.json" if args.quick else f"{name}.json")
     write_json(out, finish(res))
     print(f"wrote {out}")
+
+
+def two_replicas(model: Path, res: dict, quick: bool, clients: list[int], per_level, body) -> None:
+    """Scaling at 2 replicas, routing policies and failover (into `res`)."""
+    cfg2 = config(2)
+    handle = deploy.deploy(model, cfg2)  # scale to 2 (same model: no restart of the first)
+    adapter = deploy.gateway_adapter(handle, model, cfg2)
+    with run_in_background(create_app(adapter, cfg2.serve, model_dir=model), startup_timeout_s=60) as gw:
+        res["scaling"] += [{"replicas": 2, "clients": c, **load(gw, c, body, per_level(c))} for c in clients]
+        for row in res["scaling"]:
+            print("scaling", row, flush=True)
+    res["routing"] = []
+    words = 40 if quick else 80  # about 4 blocks of 16 tokens of shared prompt
+    for trial, policy in enumerate(["prefix", "round_robin"] * (1 if quick else 3)):
+        cfgp = config(2, policy)
+        handle = deploy.deploy(model, cfgp)
+        adapter = deploy.gateway_adapter(handle, model, cfgp)
+        with run_in_background(create_app(adapter, cfgp.serve, model_dir=model), startup_timeout_s=60) as gw:
+            n = 32 if quick else 128
+            res["routing"].append({"policy": policy, "trial": trial,
+                                   **routing_run(gw, adapter, 100 + trial, 8, n, words)})
+            print("routing", res["routing"][-1], flush=True)
+            if trial == 0:
+                res["failover"] = failover(gw, 8, 3.0 if quick else 10.0)
+                print("failover", res["failover"], flush=True)
 
 
 if __name__ == "__main__":

@@ -72,24 +72,38 @@ def cluster(tmp_path_factory, tokenizer):
         yield cfg, dirs, handle, url, limited_url, small_url
 
 
-def _wait_for_replicas(url: str, n: int, timeout_s: float) -> float:
+def _wait_for_replicas(url: str, n: int, timeout_s: float, gone: str | None = None) -> float:
+    """Seconds until /health says `n` replicas up (and `gone`, a killed one, is no longer among them: Serve
+    lists a killed replica until its controller has seen the death)."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         body = httpx.get(url + "/health", timeout=10).json()
-        if body.get("replicas_up") == n:
+        if body.get("replicas_up") == n and (gone is None or gone not in _replica_ids(url)):
             return time.monotonic() - start
         time.sleep(0.2)
     raise AssertionError(f"replicas up did not return to {n} within {timeout_s} s: {body}")
 
 
 def _complete(url: str, i: int, stream: bool = False, max_tokens: int = 8) -> tuple[int, str | None, bool]:
-    """(status, replica header, stream ended properly with [DONE] -- or True for a whole answer)."""
+    """(status, replica header, stream ended properly: whole events, then [DONE] -- or True for a whole answer)."""
     body = {"prompt": f"return the number of items {i}", "max_tokens": max_tokens, "stream": stream,
             "ignore_eos": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-        text = r.read().decode()
-        done = text.rstrip().endswith("data: [DONE]") if stream and r.status_code == 200 else True
-        return r.status_code, r.headers.get("x-tinystack-replica"), done
+        if not (stream and r.status_code == 200):
+            r.read()
+            return r.status_code, r.headers.get("x-tinystack-replica"), True
+        lines = [line for line in r.iter_lines() if line]
+        return r.status_code, r.headers.get("x-tinystack-replica"), _whole_events(lines) is not None
+
+
+def _whole_events(lines: list[str]) -> list[dict] | None:
+    """The events of a stream's lines when each is a whole JSON event and the last is [DONE]; else None."""
+    if not lines or lines[-1] != "data: [DONE]":
+        return None
+    try:
+        return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    except ValueError:  # an event cut mid-line
+        return None
 
 
 def _replica_ids(url: str) -> set[str]:
@@ -159,7 +173,7 @@ def test_a_killed_replica_is_replaced_and_nothing_but_200_429_503_is_seen(cluste
     ray.kill(actor, no_restart=True)
     before = len(results)
     time.sleep(1.0)
-    replaced_in = _wait_for_replicas(url, 2, 90)
+    replaced_in = _wait_for_replicas(url, 2, 90, gone=victim)
     time.sleep(1.0)
     stop.set()
     for t in threads:
@@ -170,6 +184,36 @@ def test_a_killed_replica_is_replaced_and_nothing_but_200_429_503_is_seen(cluste
     assert victim not in _replica_ids(url) and len(_replica_ids(url)) == 2
     print(f"replica replaced in {replaced_in:.1f} s; {len(results)} requests: "
           f"{ {s: sum(x == s for x, _, _ in results) for s in OK_UNDER_FAULTS} }")
+
+
+def test_a_stream_cut_by_its_replica_dying_ends_with_a_whole_error_event_and_done(cluster):
+    """Kill the replica serving a stream right after its first token: the client still reads whole events, the
+    last an error event, then [DONE]. The kill races the stream's end (a tiny model is fast), so up to 4 tries,
+    each against a loaded replica; every try must end properly, and at least one must be cut."""
+    url = cluster[3]
+    cut = 0
+    for _ in range(4):
+        _wait_for_replicas(url, 2, 90)
+        with ThreadPool(4) as pool:  # keep the engines busy so the stream outlives the kill
+            pool.pool.map(lambda i: _complete(url, i, stream=True, max_tokens=40), range(4))
+            body = {"prompt": "return the", "max_tokens": 56, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                assert r.status_code == 200
+                victim = r.headers["x-tinystack-replica"]
+                lines = r.iter_lines()
+                first = next(line for line in lines if line)
+                ray.kill(ray.get_actor(f"SERVE_REPLICA::{deploy.APP_NAME}#{deploy.DEPLOYMENT}#{victim}",
+                                       namespace="serve"), no_restart=True)
+                rest = [line for line in lines if line]
+        events = _whole_events([first, *rest])
+        assert events is not None, [first, *rest]
+        if "error" in events[-1]:
+            assert events[-1]["error"]["code"] and len(events) >= 2  # tokens, then the error
+            cut += 1
+            break
+        _wait_for_replicas(url, 2, 90, gone=victim)
+    assert cut == 1
+    _wait_for_replicas(url, 2, 90, gone=victim)
 
 
 def test_a_rolling_update_fails_no_in_flight_request(cluster):

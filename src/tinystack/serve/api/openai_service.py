@@ -114,8 +114,15 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
     return out
 
 
+# Characters Python's str.splitlines() (httpx's iter_lines, many SSE clients) breaks a line at, which JSON
+# leaves raw in a string (the others it must escape): written as escapes, an event stays one line
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(data: dict[str, Any] | str) -> bytes:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    """One server-sent event: `data: <JSON>` on a single line for any line splitter, then a blank line."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False).translate(_LINE_BREAKS)
+    return f"data: {text}\n\n".encode()
 
 
 def _final_timing(state: ServerState, ctx: RequestContext, tracker: RequestTracker) -> dict[str, Any]:

@@ -6,9 +6,11 @@ the engine calls change:
 
     encode / decode            the model's tokenizer, loaded here, with the engine's prompt rules
     stream(id, ids, params)    -> handle.options(stream=True).generate.remote(..., prefix=hashes)
-                                  (Ray Serve routes it with router.py) -> TokenEvents; the replica
-                                  that serves it goes into the request's log fields (`replica`),
-                                  which the middleware also sends as the x-tinystack-replica header
+                                  (one handle per event loop, its router on that loop, over Serve's
+                                  gRPC transport: _handle_here; Ray Serve routes it with router.py)
+                                  -> TokenEvents; the replica that serves it goes into the
+                                  request's log fields (`replica`), which the middleware also
+                                  sends as the x-tinystack-replica header
         replica died / went away before the first token   -> sent again (another replica), up to
                                                               `retries` times: nothing was lost
         ... after tokens were sent                         -> ReplicaLost: 503, or in a stream an
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -50,9 +53,12 @@ RETRY_PAUSE_S = 0.2  # before sending a request again: Serve needs a moment to d
 
 def _lost_replica(e: BaseException) -> bool:
     """The replica died or is unreachable (as opposed to an error in our own code on it)."""
+    import grpc
     from ray.exceptions import ActorUnavailableError, RayActorError
 
-    return isinstance(e, (RayActorError, ActorUnavailableError))
+    # on the gRPC path a replica gone before the call is ActorUnavailableError; one lost under a running
+    # stream can surface as the transport's own error (our code's errors on the replica come back as themselves)
+    return isinstance(e, (RayActorError, ActorUnavailableError, grpc.aio.AioRpcError))
 
 
 class ReplicaAdapter:
@@ -60,7 +66,7 @@ class ReplicaAdapter:
         from tinystack.tokenizer import load_tokenizer
 
         self.handle = handle
-        self._streaming = handle.options(stream=True)  # made once: options() builds a new handle each call
+        self._streaming: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self.app_name = app_name
         self.replicas = replicas
         self.retries = retries
@@ -90,7 +96,8 @@ class ReplicaAdapter:
         """Replica id -> its routing stats, for every replica up (as this gateway's router sees them)."""
         out: dict[str, dict[str, Any]] = {}
         for router in live_routers():
-            if router.app_name == self.app_name:
+            loop = getattr(router, "_lazily_fetched_loop", None)  # a gateway loop's router outlives its server
+            if router.app_name == self.app_name and not (loop is not None and loop.is_closed()):
                 out.update(router.replica_stats())
         return out
 
@@ -136,6 +143,27 @@ class ReplicaAdapter:
         """Closing the stream (the generation's finally does) cancels the call on the replica."""
 
     # ---------------------------------------------------------------- requests
+    def _handle_here(self) -> Any:
+        """The streaming handle for this event loop (made once per loop: options() builds a new handle).
+
+        Two choices, each measured on the shared 2-core machine under load (benchmarks/bench_replicas.py
+        --overhead-only and same-run probes): its router runs on this loop (Serve's default is a router thread
+        of its own: every call and every message would cross threads; ~3 ms a request), and
+        `_by_reference=False` is Serve's gRPC path straight to the replica's inter-deployment server rather
+        than a Ray actor call with an ObjectRef per message (~2 ms). Routing, health checks and replacement
+        stay Serve's; only the transport changes.
+        """
+        loop = asyncio.get_running_loop()
+        handle = self._streaming.get(loop)
+        if handle is None:
+            from ray.serve.handle import DeploymentHandle
+
+            # a fresh handle (serve.get_deployment_handle gives a cached, maybe initialised one): a router each
+            base = DeploymentHandle(self.handle.deployment_name, self.handle.app_name)
+            base._init(_run_router_in_separate_loop=False)
+            handle = self._streaming[loop] = base.options(stream=True, _by_reference=False)
+        return handle
+
     async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]:
         from ray.serve.exceptions import BackPressureError
@@ -145,7 +173,8 @@ class ReplicaAdapter:
         usage: SequenceUsage | None = None
         try:
             for attempt in range(self.retries + 1):
-                call = self._streaming.generate.remote(request_id, list(prompt_ids), params, prefix=hashes)
+                call = self._handle_here().generate.remote(request_id, list(prompt_ids), params, prefix=hashes)
+                ended = False
                 try:
                     async for batch in call:
                         for item in batch:
@@ -160,6 +189,7 @@ class ReplicaAdapter:
                                 raise RequestRejected(item[1])
                             elif item[0] == "dead":
                                 raise EngineDead(item[1])
+                    ended = True
                     return
                 except BackPressureError:
                     raise EngineBusy("every replica is at capacity") from None
@@ -175,7 +205,8 @@ class ReplicaAdapter:
                     logger.warning("replica lost before the first token of %s; sending it again", request_id)
                     await asyncio.sleep(RETRY_PAUSE_S)
                 finally:
-                    call.cancel()  # a no-op once finished; else the replica aborts the sequence
+                    if not ended:  # left early: the replica aborts the sequence (after a normal end there is
+                        call.cancel()  # nothing to cancel, yet Serve's cancel() would still resolve and cancel it)
         finally:
             if on_usage is not None:
                 on_usage(usage or SequenceUsage(request_id, len(prompt_ids), sent_tokens, None))
