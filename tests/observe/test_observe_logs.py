@@ -120,3 +120,16 @@ def test_no_sink_discards_quietly():
     log.log("request", request_id="r", status=200)
     log.close()
     assert log.closed
+
+
+def test_line_separator_characters_in_text_keep_one_record_per_line():
+    """U+0085 / U+2028 / U+2029 are line breaks to str.splitlines() (and to many JSONL readers) that JSON leaves
+    raw: they are written as escapes, and read back as the same text."""
+    stream = RecordingStream()
+    log = setup_request_log(None, stream=stream, include_text=True)
+    text = "a\u2028b\x85c\u2029d é"
+    log.log("request", request_id="r1", status=200, text=text)
+    log.log("request", request_id="r2", status=200, text="plain")
+    log.close()
+    rows = [json.loads(x) for x in stream.lines()]
+    assert [r["request_id"] for r in rows] == ["r1", "r2"] and rows[0]["text"] == text

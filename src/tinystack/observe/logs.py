@@ -32,6 +32,16 @@ TEXT_FIELDS: frozenset[str] = frozenset({"prompt", "text", "output", "completion
 _ids = itertools.count()
 
 
+# Characters Python's str.splitlines() (httpx's iter_lines, many SSE and JSONL readers) breaks a line at, which
+# JSON leaves raw in a string (the others it must escape): written as escapes, a record stays one line
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def json_line(obj: Any, **kwargs: Any) -> str:
+    """json.dumps(obj, ensure_ascii=False) on one line for any line splitter (same value when parsed)."""
+    return json.dumps(obj, ensure_ascii=False, **kwargs).translate(_LINE_BREAKS)
+
+
 class JsonLineFormatter(logging.Formatter):
     """Formats a record made by `RequestLog.log` as one JSON object (no trailing newline)."""
 
@@ -43,9 +53,9 @@ class JsonLineFormatter(logging.Formatter):
         line["status"] = fields.pop("status", None)
         line.update(fields)
         try:
-            return json.dumps(line, ensure_ascii=False, default=str, allow_nan=False)
+            return json_line(line, default=str, allow_nan=False)
         except ValueError:  # NaN / Infinity are not JSON: write them as strings
-            return json.dumps(_finite(line), ensure_ascii=False, default=str)
+            return json_line(_finite(line), default=str)
 
 
 def _finite(value: Any) -> Any:

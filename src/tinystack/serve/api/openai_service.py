@@ -16,12 +16,12 @@ change the status code) is sent as `data: {"error": {...}}` followed by `data: [
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal
 
+from tinystack.observe.logs import json_line
 from tinystack.serve.api.context import RequestContext
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.requests import Prepared
@@ -114,14 +114,9 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
     return out
 
 
-# Characters Python's str.splitlines() (httpx's iter_lines, many SSE clients) breaks a line at, which JSON
-# leaves raw in a string (the others it must escape): written as escapes, an event stays one line
-_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
 def sse(data: dict[str, Any] | str) -> bytes:
     """One server-sent event: `data: <JSON>` on a single line for any line splitter, then a blank line."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False).translate(_LINE_BREAKS)
+    text = data if isinstance(data, str) else json_line(data)  # U+2028 etc. escaped: one line for any splitter
     return f"data: {text}\n\n".encode()
 
 
