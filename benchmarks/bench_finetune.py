@@ -17,7 +17,7 @@ tests/train/planted_facts.py through `tinystack.train.finetune` and plots the tw
 (finetune_loss.png, finetune_loss.json).
 
     .venv/bin/python benchmarks/bench_finetune.py [--threads 1] [--trials 3] [--steps 4] [--batch 4] [--rank 8]
-                                                 [--curves-steps 16] [--model DIR]
+                                                 [--dtype auto] [--curves-steps 16] [--model DIR] [--quick]
 """
 from __future__ import annotations
 
@@ -167,7 +167,10 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--curves-steps", type=int, default=0, help="> 0: also plot planted-facts loss curves")
     ap.add_argument("--out", type=Path, default=RESULTS / "finetune.json")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 trial of 3 steps (proves it works)")
     args = ap.parse_args()
+    if args.quick:
+        args.trials, args.steps = 1, 3
     torch.set_num_threads(args.threads)
     model_dir = smollm2_dir(args.model)
     tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
