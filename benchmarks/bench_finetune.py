@@ -109,7 +109,7 @@ def trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int) -> 
             "final_loss": result.final_train_loss, "dtype": result.dtype, "precision_probe": result.precision_probe}
 
 
-def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: Path) -> dict:
+def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, dtype: str, out_png: Path) -> dict:
     """Fine-tune on the planted facts both ways (the finetune command's code path); plot both loss curves."""
     import tempfile
 
@@ -124,14 +124,15 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: P
         data.write_text("".join(json.dumps(r) + "\n" for r in conversations()), encoding="utf-8")
         for name, lr, r in (("full", 5e-5, 0), (f"lora r={rank}", 3e-3, rank)):
             cfg = Config()
-            cfg.train.threads, cfg.train.plot = threads, False
+            cfg.train.threads, cfg.train.plot, cfg.train.dtype = threads, False, dtype
             ft = cfg.finetune
             ft.max_iters, ft.learning_rate, ft.min_lr, ft.lora, ft.lora_alpha = steps, lr, lr / 10, r, 2.0 * r
             ft.eval_interval, ft.val_fraction, ft.warmup_iters = max(1, steps // 4), 0.2, 3
             out = Path(tmp) / name.replace(" ", "_").replace("=", "")
             report = finetune(model_dir, data, out, cfg, progress=False)
             log = [json.loads(x) for x in (out.parent / f"{out.name}_finetune" / "log.jsonl").read_text().splitlines()]
-            runs[name] = {"learning_rate": lr, "log": log, "heldout": report["heldout"]}
+            runs[name] = {"learning_rate": lr, "log": log, "heldout": report["heldout"],
+                          "dtype": report["result"]["dtype"]}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,7 +212,7 @@ def main() -> None:
     if args.curves_steps > 0:
         png = args.out.with_name(args.out.stem + "_loss.png")
         curves = {"steps": args.curves_steps, "runs": loss_curves(model_dir, args.curves_steps, args.rank,
-                                                                  args.threads, png)}
+                                                                  args.threads, args.dtype, png)}
         write_json(png.with_suffix(".json"), finish({**curves, "cpu_model": cpu_model(), "machine": machine()}))
         print(f"wrote {png} and {png.with_suffix('.json')}")
 
