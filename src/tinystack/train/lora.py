@@ -26,8 +26,8 @@ used from a low-precision copy made once (QLoRA's observation: a base that is ne
 re-cast from its float32 master every step). Autocast caches casts only for leaves that require grad,
 so without the copy every forward re-cast all frozen projection weights, and the adapter's extra matmuls,
 scaling and add each went through autocast separately: LoRA ran at 1.16x full fine-tuning's tokens/s in
-bf16 on a Xeon with AMX (1.39x in float32). The float32 master stays the weight: `merged()` and the
-saved model use it, never the copy.
+bf16 on a Xeon with AMX (1.39x in float32; one run each, one thread, under load). The float32 master
+stays the weight: `merged()` and the saved model use it, never the copy.
 """
 from __future__ import annotations
 
