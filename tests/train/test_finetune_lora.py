@@ -135,3 +135,31 @@ def _with(lora, a, b):
     def f(x):
         return torch.func.functional_call(lora, {"lora_A": a, "lora_B": b}, (x,))
     return f
+
+
+def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master():
+    """Under bf16 autocast the hand-written product runs in bf16 from a cached copy of the frozen weight:
+    output and gradients match autograd's own bf16 graph of the same layer, and the weight stays float32."""
+    torch.manual_seed(0)
+    lora = LoRALinear(torch.nn.Linear(64, 48), rank=4, alpha=8)
+    with torch.no_grad():
+        lora.lora_B.normal_()
+    x = torch.randn(3, 10, 64, requires_grad=True)
+    g = torch.randn(3, 10, 48)
+    outs = []
+    for path in ("hand", "autograd"):
+        lora.dropout = torch.nn.Identity() if path == "hand" else torch.nn.Dropout(0.0)  # Dropout -> plain path
+        x.grad = lora.lora_A.grad = lora.lora_B.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lora(x)
+        y.backward(g.to(y.dtype))
+        outs.append((y.detach().float(), x.grad, lora.lora_A.grad, lora.lora_B.grad))
+        assert y.dtype == torch.bfloat16 and x.grad.dtype == lora.lora_A.grad.dtype == torch.float32
+    for hand, ref in zip(*outs):
+        assert (hand - ref).norm() <= 0.02 * ref.norm()  # bf16 rounding, not a different function
+    assert lora.base.weight.dtype == torch.float32 and "_weight_copy" not in lora.state_dict()
+    copy = lora._frozen_weight(torch.bfloat16)
+    assert copy is lora._frozen_weight(torch.bfloat16)  # cast once, reused
+    with torch.no_grad():
+        lora.base.weight.add_(1.0)  # a changed master (load_state_dict, an in-place write) is re-cast
+    assert torch.equal(lora._frozen_weight(torch.bfloat16), lora.base.weight.to(torch.bfloat16))

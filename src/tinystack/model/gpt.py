@@ -69,6 +69,14 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def select_positions(x: torch.Tensor, logit_index: torch.Tensor) -> torch.Tensor:
+    """Hidden states x [B, T, C] at `logit_index` -> [R, 1, C]: one position per row ([B] indices; with B = 1
+    and a packed batch [R] positions of the one row), or every position where a bool [B, T] mask is True."""
+    if logit_index.dtype == torch.bool:
+        return x[logit_index][:, None]
+    return x[torch.arange(x.size(0), device=x.device), logit_index][:, None]
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -116,7 +124,9 @@ class GPT(nn.Module):
         `positions` [B, T]: where the tokens sit instead (with a `kv_cache`, after its history).
         `logit_index` [B] computes logits only at that position of each row -> [B, 1, V]
         (with B = 1 and a packed batch, [R] positions of the one row -> [R, 1, V])
-        (a prefill needs the last token's logits only; the head is the biggest matmul).
+        (a prefill needs the last token's logits only; the head is the biggest matmul);
+        a bool [B, T] mask instead: logits only where it is True, [K, 1, V] in row-major order
+        (training: only the positions with a target, e.g. a chat's assistant tokens).
         `targets` uses -1 for positions to ignore. Raises ValueError if the positions
         run past `block_size` (there is no position embedding for them).
         """
@@ -131,7 +141,7 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, kv_cache)
         if logit_index is not None:
-            x = x[torch.arange(B, device=x.device), logit_index][:, None]
+            x = select_positions(x, logit_index)
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:

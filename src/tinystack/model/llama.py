@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from tinystack.model.attention import KVCache, causal_attention
 from tinystack.model.fused_linear import fuse_rows
+from tinystack.model.gpt import select_positions
 
 
 @dataclass
@@ -198,7 +199,8 @@ class Llama(nn.Module):
                 logit_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx [B, T] at positions 0..T-1 (or `positions` [B, T]) -> (logits [B, T, V], loss or None).
 
-        `logit_index` [B]: logits only at that position of each row -> [B, 1, V] (see GPT.forward)."""
+        `logit_index` [B]: logits only at that position of each row -> [B, 1, V]; a bool [B, T] mask: only
+        where True -> [K, 1, V] (see GPT.forward)."""
         B, T = idx.shape
         if positions is None:
             if T > self.config.max_position_embeddings:
@@ -210,7 +212,7 @@ class Llama(nn.Module):
         for block in self.model.layers:
             x = block(x, cos, sin, kv_cache)
         if logit_index is not None:
-            x = x[torch.arange(B, device=x.device), logit_index][:, None]
+            x = select_positions(x, logit_index)
         logits = self.lm_head(self.model.norm(x))
         loss = None
         if targets is not None:

@@ -34,7 +34,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tinystack.atomic import atomic_open
@@ -46,6 +45,7 @@ from tinystack.progress import console
 from tinystack.train import precision
 from tinystack.train.batches import BatchSampler, eval_batches, get_batch
 from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
+from tinystack.train.cross_entropy import cross_entropy
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
 
 IGNORE_INDEX = -1  # a target the loss skips (padding, prompt tokens); the models' own ignore_index
@@ -89,7 +89,7 @@ class TrainResult:
 
 
 __all__ = ["IGNORE_INDEX", "BatchSource", "NonFiniteLossError", "TrainResult", "batches_loss", "estimate_loss",
-           "get_batch", "make_optimizer", "train", "train_model"]
+           "get_batch", "make_optimizer", "target_logits", "train", "train_model"]
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -110,10 +110,19 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in the logits' precision, at least float32 (bf16/fp16 are upcast)."""
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    """Mean next-token cross-entropy in the logits' precision, at least float32 (bf16/fp16 are upcast a block
+    of rows at a time: train.cross_entropy, F.cross_entropy's value without a float32 copy of the logits)."""
+    return cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), IGNORE_INDEX)
+
+
+def target_logits(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, their targets): the head (the largest matmul, and the softmax over the vocabulary after it) runs
+    only at positions with a target when some have none (a chat's prompt tokens), through the models'
+    `logit_index` mask; every position otherwise (pretraining)."""
+    keep = y != IGNORE_INDEX
+    if bool(keep.all()):
+        return model(x)[0], y
+    return model(x, logit_index=keep)[0], y[keep]
 
 
 def _trim(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,9 +144,9 @@ def batches_loss(model: torch.nn.Module, batches: Sequence[tuple[np.ndarray, np.
     for xb, yb in batches:
         x, y = _trim(torch.from_numpy(xb).to(dev), torch.from_numpy(yb).to(dev))
         with precision.autocast(dtype, dev.type):
-            logits, _ = model(x)
+            logits, y_kept = target_logits(model, x, y)
         n = int((y != IGNORE_INDEX).sum())
-        total += lm_loss(logits, y).item() * n
+        total += lm_loss(logits, y_kept).item() * n
         count += n
     model.train(was_training)
     return (total / count if count else float("nan")), count
@@ -333,8 +342,8 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
         ctx = contextlib.nullcontext() if sync else model.no_sync()  # type: ignore[operator]
         with ctx:
             with precision.autocast(cfg.dtype, dev.type):
-                logits, _ = model(x)
-            loss = lm_loss(logits, y)
+                logits, y_kept = target_logits(model, x, y)
+            loss = lm_loss(logits, y_kept)
             # the mean over micro-batches = the big batch's mean (exactly when each has as many targets)
             scaler.scale(loss / A).backward()
         total += loss.detach()

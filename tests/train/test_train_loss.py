@@ -1,0 +1,66 @@
+"""The training loss: train.cross_entropy against torch's F.cross_entropy on the upcast logits (value and
+gradient, ignored rows, across block boundaries, float32, bf16, float64 gradcheck); the head run only at
+positions with a target (loop.target_logits, the models' bool logit_index) gives the same loss and gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig
+from tinystack.train import cross_entropy as ce
+from tinystack.train.loop import IGNORE_INDEX, lm_loss, target_logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_torch_value_and_gradient(dtype, monkeypatch):
+    monkeypatch.setattr(ce, "BLOCK_BYTES", 4 * 97 * 3)  # 3 rows per block: 11 rows cross several boundaries
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(11, 97, generator=g) * 4).to(dtype).requires_grad_(True)
+    targets = torch.randint(0, 97, (11,), generator=g)
+    targets[[1, 5, 10]] = -1  # prompt/padding positions carry no loss and get no gradient
+    before = logits.detach().clone()
+    ours = ce.cross_entropy(logits, targets, -1)
+    (ours * 3.0).backward()
+    got = logits.grad
+    logits.grad = None
+    ref = F.cross_entropy(logits.float(), targets, ignore_index=-1)
+    (ref * 3.0).backward()
+    assert ours.dtype == torch.float32 and got.dtype == dtype
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got.float(), logits.grad.float(), rtol=0, atol=1e-6 if dtype == torch.float32 else 4e-3)
+    assert not got[[1, 5, 10]].any()
+    assert torch.equal(logits.detach(), before)  # the blocks are copies: the logits themselves are never written
+
+
+def test_gradcheck_float64_and_all_ignored_is_nan():
+    logits = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([3, -1, 0, 6, 2])
+    assert torch.autograd.gradcheck(lambda x: ce.cross_entropy(x, targets, -1), (logits,))
+    assert torch.isnan(ce.cross_entropy(logits, torch.full((5,), -1), -1))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_head_only_at_target_positions_gives_the_same_loss_and_gradients(kind):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        model = GPT(GPTConfig(vocab_size=41, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    else:
+        model = Llama(LlamaConfig(vocab_size=41, hidden_size=16, intermediate_size=24, n_layer=2, n_head=2,
+                                  n_kv_head=1, max_position_embeddings=16, tie_word_embeddings=True))
+    x = torch.randint(0, 41, (3, 16))
+    y = torch.randint(0, 41, (3, 16))
+    y[0, :9] = y[1, :4] = y[2, 12:] = IGNORE_INDEX  # prompt tokens and padding: no target
+    grads = []
+    for select in (True, False):
+        model.zero_grad()
+        if select:
+            logits, kept = target_logits(model, x, y)
+            assert logits.shape[0] == int((y != IGNORE_INDEX).sum()) and torch.equal(kept, y[y != IGNORE_INDEX])
+        else:
+            logits, kept = model(x)[0], y
+        loss = lm_loss(logits, kept)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (l1, g1), (l2, g2) = grads
+    assert torch.allclose(l1, l2, atol=1e-6) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g1, g2))
+    full = torch.ones_like(y)  # every position a target: the plain path, logits [B, T, V]
+    assert target_logits(model, x, full)[0].shape == (3, 16, 41)
