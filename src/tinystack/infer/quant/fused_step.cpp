@@ -49,6 +49,17 @@ __attribute__((always_inline)) inline float dot(const float* a, const float* b, 
   return s;
 }
 
+// Each of `rows` rows of p [rows, S] -> its softmax, in float32 as the engine's path does.
+__attribute__((always_inline)) inline void softmax_rows(float* p, int rows, int S) {
+  for (int j = 0; j < rows; ++j, p += S) {
+    float mx = -INFINITY, sum = 0.f;
+    for (int s = 0; s < S; ++s) mx = std::max(mx, p[s]);
+    for (int s = 0; s < S; ++s) sum += (p[s] = std::exp(p[s] - mx));
+    const float inv = 1.f / sum;
+    for (int s = 0; s < S; ++s) p[s] *= inv;
+  }
+}
+
 // Attention of one row's `grp` query heads (q [grp, hd]) over keys/values 0..S-1 of one kv head, whose
 // slots are table[p / bs] * bs + p % bs in K, V [slots, hd]; out [grp, hd]; scores: scratch [grp, S].
 __attribute__((always_inline)) inline void attend_body(const float* q, const float* K, const float* V,
@@ -58,14 +69,7 @@ __attribute__((always_inline)) inline void attend_body(const float* q, const flo
     const float* key = K + (table[s / bs] * bs + s % bs) * hd;
     for (int j = 0; j < grp; ++j) scores[j * S + s] = dot(q + j * hd, key, hd) * scale;
   }
-  for (int j = 0; j < grp; ++j) {  // softmax, in float32 as the engine's path does
-    float* p = scores + j * S;
-    float mx = -INFINITY, sum = 0.f;
-    for (int s = 0; s < S; ++s) mx = std::max(mx, p[s]);
-    for (int s = 0; s < S; ++s) sum += (p[s] = std::exp(p[s] - mx));
-    const float inv = 1.f / sum;
-    for (int s = 0; s < S; ++s) p[s] *= inv;
-  }
+  softmax_rows(scores, grp, S);
   std::memset(out, 0, sizeof(float) * grp * hd);
   for (int s = 0; s < S; ++s) {
     const float* val = V + (table[s / bs] * bs + s % bs) * hd;
@@ -92,14 +96,7 @@ AVX512_ATTN void attend_avx512(const float* q, const float* K, const float* V, c
       scores[j * S + s] = _mm512_reduce_add_ps(acc) * scale;
     }
   }
-  for (int j = 0; j < grp; ++j) {
-    float* p = scores + j * S;
-    float mx = -INFINITY, sum = 0.f;
-    for (int s = 0; s < S; ++s) mx = std::max(mx, p[s]);
-    for (int s = 0; s < S; ++s) sum += (p[s] = std::exp(p[s] - mx));
-    const float inv = 1.f / sum;
-    for (int s = 0; s < S; ++s) p[s] *= inv;
-  }
+  softmax_rows(scores, grp, S);
   std::memset(out, 0, sizeof(float) * grp * hd);
   for (int s = 0; s < S; ++s) {
     const float* val = V + (table[s / bs] * bs + s % bs) * hd;
