@@ -63,7 +63,9 @@ def test_overload_gets_only_200_and_429_and_leaves_nothing_behind(serve, faulty_
         poller.join(10)
     assert len(statuses) == TOTAL
     assert set(statuses) <= {200, 429}, sorted(set(statuses))
-    assert statuses.count(200) >= 40 and statuses.count(429) > 0  # it did work, and it did shed load
+    # it did work (at least what the first burst could hold: running + queued), and it did shed load
+    admitted = faulty_engine.engine.scheduler.max_num_seqs + 32
+    assert statuses.count(200) >= admitted and statuses.count(429) > 0
     assert len(health) >= 5 and all(code == 200 for code, _, _ in health)
     assert max(dt for _, dt, _ in health) < 5.0  # generous: the CI machine is shared
     assert max(n for _, _, n in health) <= 8 + 32  # never more admitted than the bound
