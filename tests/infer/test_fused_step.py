@@ -80,7 +80,7 @@ def _extend(seqs: list[Sequence], n: int) -> None:
             seq.block_table.append(next(free))
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, fmt: str) -> None:
+def _assert_close(got: torch.Tensor, want: torch.Tensor, fmt: str) -> None:
     tol = 1e-4 if fmt in ("float32", "bf16") else 2e-3  # the quantised kernels round activations to int8
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
@@ -97,7 +97,7 @@ def test_fused_step_equals_the_model_forward(fmt, bias):
         assert fused.fused.accepts(len(rows))
         got, want = fused.run([(seq, 1) for seq in rows]), ref.run([(seq, 1) for seq in rows])
         assert got.shape == want.shape == (len(rows), VOCAB)
-        _close(got, want, fmt)
+        _assert_close(got, want, fmt)
     torch.testing.assert_close(fused.storage.k, ref.storage.k, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused.storage.v, ref.storage.v, rtol=1e-4, atol=1e-4)
 
@@ -111,8 +111,8 @@ def test_prefill_chunks_and_verification_rows_equal_the_model_forward(fmt):
     _extend(seqs, 12)
     batch = [(seqs[0], 7), (seqs[1], 1), (seqs[2], 3), (seqs[3], 1)]  # a chunk from 0, decodes, a chunk mid-way
     drafts = [[], [5, 6, 7], [], [9]]
-    _close(fused.run(batch, drafts), ref.run(batch, drafts), fmt)
-    _close(fused.run(batch), ref.run(batch), fmt)
+    _assert_close(fused.run(batch, drafts), ref.run(batch, drafts), fmt)
+    _assert_close(fused.run(batch), ref.run(batch), fmt)
 @pytest.mark.parametrize("fmt", FORMATS)
 @torch.no_grad()
 def test_a_verification_row_gives_the_bits_of_one_decode_at_a_time(fmt):

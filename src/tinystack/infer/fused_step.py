@@ -48,13 +48,12 @@ def _linear_parts(layer: nn.Module) -> tuple[int, list[torch.Tensor]] | None:
 class FusedStep:
     def __init__(self, model: nn.Module, layers, storage: KVStorage):
         self.model, self.layers, self.storage = model, layers, storage
-        cfg = model.config
-        self.cos, self.sin = (t.contiguous() for t in model._rope_tables(torch.device("cpu")))
-        self.max_positions = cfg.max_position_embeddings
+        self.cos, self.sin = (t.contiguous() for t in model.rope_tables(torch.device("cpu")))  # the model's own
+        self.max_positions = model.config.max_position_embeddings
 
     @classmethod
     def build(cls, model: nn.Module, storage: KVStorage, device: torch.device) -> FusedStep | None:
-        if device.type != "cpu" or storage.k.dtype != torch.float32 or not hasattr(model, "_rope_tables"):
+        if device.type != "cpu" or storage.k.dtype != torch.float32 or not hasattr(model, "rope_tables"):
             return None
         if kernels.default_path() == "torch" or kernels.extension() is None:
             return None

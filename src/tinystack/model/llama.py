@@ -177,7 +177,7 @@ class Llama(nn.Module):
             block.self_attn.fuse()
             block.mlp.fuse()
 
-    def _rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, signed sin [max_position_embeddings, hd] in float32, built once per device (a plain attribute,
         not a buffer: it stays float32 when the model is cast, and out of state_dict)."""
         table = getattr(self, "_rope_table", None)
@@ -188,7 +188,7 @@ class Llama(nn.Module):
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, T, 1, hd] at `positions` [B, T]."""
-        cos, sin = self._rope_tables(positions.device)
+        cos, sin = self.rope_tables(positions.device)
         return cos[positions][:, :, None], sin[positions][:, :, None]
 
     def num_params(self) -> int:
