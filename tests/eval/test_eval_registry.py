@@ -74,13 +74,13 @@ def _add_and_promote(args):
 
 
 def test_concurrent_adds_never_lose_or_reuse_a_version(toy_model_dir, tmp_path):
-    for trial in range(3):
-        root = tmp_path / f"reg{trial}"
-        with mp.get_context("spawn").Pool(4) as pool:
-            got = [v for vs in pool.map(_add_and_promote, [(root, toy_model_dir, 5)] * 4) for v in vs]
-        assert sorted(got, key=lambda v: int(v[1:])) == [f"v{i}" for i in range(1, 21)]
-        assert ModelRegistry(root).versions("race") == [f"v{i}" for i in range(1, 21)]
-        assert ModelRegistry(root).index("race")["next"] == 21
+    with mp.get_context("spawn").Pool(4) as pool:  # one pool (a spawn imports torch): each trial races afresh
+        for trial in range(3):
+            root = tmp_path / f"reg{trial}"
+            got = [v for vs in pool.map(_add_and_promote, [(root, toy_model_dir, 5)] * 4, chunksize=1) for v in vs]
+            assert sorted(got, key=lambda v: int(v[1:])) == [f"v{i}" for i in range(1, 21)]
+            assert ModelRegistry(root).versions("race") == [f"v{i}" for i in range(1, 21)]
+            assert ModelRegistry(root).index("race")["next"] == 21
 
 
 def test_first_model_is_promoted_then_a_damaged_one_is_refused(toy_model_dir, toy_rng_doc, tmp_path):
