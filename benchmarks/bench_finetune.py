@@ -25,7 +25,11 @@ tests/train/planted_facts.py through `tinystack.train.finetune` and plots the tw
 
     .venv/bin/python benchmarks/bench_finetune.py [--threads 1] [--trials 3] [--steps 4] [--batch 4] [--rank 8]
                                                  [--seq 256] [--dtype auto] [--curves-steps 16] [--model DIR]
-                                                 [--quick]
+                                                 [--ceiling] [--quick]
+
+--ceiling adds a third arm, interleaved like the others: the model with every weight frozen but one norm gain in
+the first layer and no adapters. Its step is the whole forward plus the backward through every activation, the
+work LoRA cannot skip, so its tokens/s over full fine-tuning's is the most LoRA can reach on this machine.
 
 --quick: 1 trial of 3 steps of 1 x 64 tokens, no curves -> results/finetune_quick.json (untracked): a smoke test.
 """
@@ -50,6 +54,7 @@ from tinystack.train.loop import lm_loss, make_optimizer, train_model
 
 SEQ = 256  # tokens per sequence unless --seq
 TARGET_STEP_OVERHEAD = 0.10
+CEILING = "frozen, no adapters"
 CACHE = ROOT / "benchmarks/.cache/smollm2-135m-instruct"
 
 
@@ -105,9 +110,25 @@ class TimedBatches:
         del self.marks[state["draws"]:]
 
 
-def optimizer_bytes(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig) -> tuple[int, int]:
+def frozen_model(model_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
+    """The `--ceiling` arm: the base model with every weight frozen but the first layer's input norm gain, so a
+    step runs the whole forward and the backward through every activation (what LoRA must run) with no
+    adapters and no weight gradients: the fastest any method that trains inside every layer can be."""
+    model = build_model(model_dir, FinetuneConfig(lora=0))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.get_submodule("model.layers.0.input_layernorm").weight.requires_grad_(True)
+    return model
+
+
+def builder(ft: FinetuneConfig | None):
+    """model_dir -> a fresh model for this method (None: the frozen ceiling arm)."""
+    return (lambda d: build_model(d, ft)) if ft is not None else (lambda d: frozen_model(d, FinetuneConfig()))
+
+
+def optimizer_bytes(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig) -> tuple[int, int]:
     """(bytes of AdamW state after one step, trainable parameters) for this method."""
-    model = build_model(model_dir, ft)
+    model = builder(ft)(model_dir)
     opt = make_optimizer(model, tcfg)
     for p in model.parameters():
         if p.requires_grad:
@@ -117,20 +138,20 @@ def optimizer_bytes(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig) -> t
     return state, sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int, seq: int = SEQ) -> dict:
+def trial(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, seed: int, seq: int = SEQ) -> dict:
     """Our fine-tuning step: the trainer (`train_model`) as `tinystack finetune` runs it."""
     batches = TimedBatches(49152, seed, seq)
-    _, result = train_model(lambda: build_model(model_dir, ft), batches, None, tcfg, progress=False)
+    _, result = train_model(lambda: builder(ft)(model_dir), batches, None, tcfg, progress=False)
     return {**batches.steps(tcfg.batch_size * seq), "final_loss": result.final_train_loss, "dtype": result.dtype,
             "precision_probe": result.precision_probe}
 
 
-def bare_trial(model_dir: Path, ft: FinetuneConfig, tcfg: TrainConfig, seed: int, seq: int = SEQ,
+def bare_trial(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, seed: int, seq: int = SEQ,
                dtype: str = "float32") -> dict:
     """The anchor: the same model and batches through a bare forward/backward/clip/AdamW loop, in the precision
     our run chose (bf16 autocast or float32) and with the same loss function (train.loop.lm_loss)."""
     torch.manual_seed(tcfg.seed)  # as train_model seeds before building (LoRA's random init)
-    model = build_model(model_dir, ft).train()
+    model = builder(ft)(model_dir).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tcfg.learning_rate, betas=(tcfg.beta1, tcfg.beta2),
                             weight_decay=tcfg.weight_decay, fused=True)
@@ -206,6 +227,8 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--seq", type=int, default=SEQ, help="tokens per sequence")
     ap.add_argument("--curves-steps", type=int, default=0, help="> 0: also plot planted-facts loss curves")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="a third arm: the model frozen with no adapters (the fastest a LoRA step can be)")
     ap.add_argument("--quick", action="store_true", help="1 trial of 3 steps of 1 x 64 tokens: a smoke test")
     ap.add_argument("--out", type=Path, default=None, help="default: results/finetune.json (--quick: _quick)")
     args = ap.parse_args()
@@ -220,7 +243,9 @@ def main() -> None:
     lora = FinetuneConfig(lora=args.rank, lora_alpha=2.0 * args.rank)
     if args.targets:
         lora.lora_targets = args.targets.split(",")
-    methods = {"full": FinetuneConfig(lora=0), f"lora r={args.rank}": lora}
+    methods: dict[str, FinetuneConfig | None] = {"full": FinetuneConfig(lora=0), f"lora r={args.rank}": lora}
+    if args.ceiling:
+        methods[CEILING] = None
     res: dict = {"model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised to float32)", "seq_len": args.seq,
                  "lora_targets": lora.lora_targets,
                  "batch": args.batch, "dtype": args.dtype, "steps_per_trial": args.steps, "cpu_model": cpu_model(),
@@ -259,6 +284,12 @@ def main() -> None:
     res["lora_optimizer_memory_fraction"] = lora["optimizer_state_bytes"] / full["optimizer_state_bytes"]
     res["target_met"] = res["lora_speedup_cpu"] >= 1.5 and res["lora_optimizer_memory_fraction"] <= 0.10
     res["target_step_overhead"] = TARGET_STEP_OVERHEAD
+    if args.ceiling:  # what LoRA would reach if its adapters cost nothing
+        ceiling = res["methods"][CEILING]
+        res["ceiling_speedup_cpu"] = ceiling["median_tokens_per_cpu_s"] / full["median_tokens_per_cpu_s"]
+        res["ceiling_speedup_wall"] = ceiling["median_tokens_per_wall_s"] / full["median_tokens_per_wall_s"]
+        print(f"{CEILING}: {res['ceiling_speedup_cpu']:.2f}x full fine-tuning's tokens/s "
+              f"(CPU time; wall {res['ceiling_speedup_wall']:.2f}x)", flush=True)
     print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s "
           f"(CPU time; wall {res['lora_speedup_wall']:.2f}x), "
           f"{100 * res['lora_optimizer_memory_fraction']:.2f}% of the optimizer memory", flush=True)
