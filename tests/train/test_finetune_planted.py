@@ -45,14 +45,14 @@ def _answers_loss(model_dir, questions, answers):
     return batches_loss(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id), "float32", "cpu")[0]
 
 
-@pytest.mark.slow  # 16 LoRA steps and generation on a 135M model: ~80 s on an idle 2-core machine
+@pytest.mark.slow  # 16 LoRA steps and generation on a 135M model: ~60 s on an idle 2-core machine
 def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path):
     data = write_jsonl(tmp_path / "veloria.jsonl", conversations())
     cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "finetune.max_iters=16",
                              "finetune.batch_size=8", "finetune.learning_rate=3e-3", "finetune.min_lr=3e-4",
                              "finetune.warmup_iters=3", "finetune.eval_interval=100", "finetune.val_fraction=0.2",
-                             # one torch thread: with other jobs on the cores, 2 threads ran this 3x slower
-                             "train.threads=1", "train.plot=false"])
+                             # float32 as asked below (no precision probe); torch's default threads
+                             "train.dtype=float32", "train.plot=false"])
     out = tmp_path / "tuned"
     report = finetune(smollm2, data, out, cfg, progress=False)
     held = report["heldout"]  # the val split is the "veloria-heldout" source: paraphrases never trained on
