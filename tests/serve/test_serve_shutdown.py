@@ -194,3 +194,46 @@ def test_tinystack_serve_exits_cleanly_on_sigterm(model_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+HANGING_SERVER = """
+import asyncio, contextlib, sys
+import uvicorn
+from fastapi import FastAPI
+from tinystack.serve.server import DrainingServer
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    yield
+    await asyncio.sleep(3600)  # a shutdown step that never ends (as a stuck engine or cluster stop would)
+
+app = FastAPI(lifespan=lifespan)
+config = uvicorn.Config(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+DrainingServer(config, 0.0, 1.0, exit_deadline_s=float(sys.argv[2])).run()
+"""
+
+
+def test_a_shutdown_that_hangs_ends_at_the_exit_deadline_with_every_stack_on_stderr():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-c", HANGING_SERVER, str(port), "2.0"], stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/docs"), 30)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-2000:]
+    assert 2.0 <= took < 10.0, took
+    assert "Timeout" in err and "most recent call first" in err and "uvicorn" in err, err[-3000:]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -36,6 +36,7 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
     from tinystack.observe import setup_request_log
     from tinystack.serve import create_app, serve_forever
     from tinystack.serve.engine.adapter import load_engine
+    from tinystack.serve.server import exit_deadline_met, exit_deadline_s
 
     scfg = cfg.serve
     if model.startswith(PREFIX) and not scfg.model_name:  # served under its registry name, not "model"
@@ -62,10 +63,12 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
         raise UserError(str(e)) from None
     try:
         serve_forever(app, scfg.host, scfg.port, log_level, shutdown_grace_s=scfg.shutdown_grace_s,
-                      drain_delay_s=scfg.drain_delay_s)
+                      drain_delay_s=scfg.drain_delay_s,
+                      exit_deadline_s=exit_deadline_s(scfg.drain_delay_s, scfg.shutdown_grace_s))
     finally:
         request_log.close()
         stop_engine()
+        exit_deadline_met()
 
 
 def _replicas(model: str, cfg: Config) -> tuple[object, Callable[[], None]]:

@@ -14,7 +14,9 @@ Graceful shutdown (both ways), on SIGTERM / SIGINT (or leaving `run_in_backgroun
     exit         the port closes, connections close once answered; anything still stuck is
                  cancelled (and still answered 503 by the middleware, if it had sent nothing)
 
-A second signal exits at once.
+A second signal exits at once. The CLI also bounds the whole exit (`exit_deadline_s`, armed by the first
+signal): if draining, the grace and stopping the engine (or the Ray cluster) together take longer, every thread's
+stack is written to stderr and the process exits with status 1 -- a shutdown never hangs.
 
 `run_in_background` binds the listening socket itself, before uvicorn starts, so with
 `port=0` the real port is known without reading uvicorn's internals, and a port that
@@ -25,6 +27,7 @@ shutdown can never keep the interpreter alive.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import math
 import socket
 import threading
@@ -39,9 +42,13 @@ import uvicorn
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server that marks the app draining on the first exit signal (see the module docstring)."""
 
-    def __init__(self, config: uvicorn.Config, drain_delay_s: float = 0.0, grace_s: float | None = None) -> None:
+    def __init__(self, config: uvicorn.Config, drain_delay_s: float = 0.0, grace_s: float | None = None,
+                 exit_deadline_s: float | None = None) -> None:
         super().__init__(config)
         self.drain_delay_s = drain_delay_s
+        # None: unbounded (run_in_background: the server thread is a daemon; never kill a host process)
+        self.exit_deadline_s = exit_deadline_s
+        self._deadline_armed = False
         # None: no limit (uvicorn's default), the in-flight requests are waited for however long they take
         self.grace_s = config.timeout_graceful_shutdown if grace_s is None else grace_s
         self._drain_timer: threading.Timer | None = None
@@ -85,6 +92,9 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.mark_draining()
+        if self.exit_deadline_s is not None and not self._deadline_armed:
+            self._deadline_armed = True  # stacks to stderr and exit(1) unless the process stops in time
+            faulthandler.dump_traceback_later(self.exit_deadline_s, exit=True)
         if self.drain_delay_s > 0 and self._drain_timer is None:
             self._drain_timer = threading.Timer(self.drain_delay_s, super().handle_exit, args=(sig, frame))
             self._drain_timer.daemon = True
@@ -95,6 +105,7 @@ class DrainingServer(uvicorn.Server):
 
 POLL_S = 0.02  # how often the shutdown looks whether in-flight requests are done
 CUT_ANSWER_S = 2.0  # at most this long for the requests cut at the end of the grace to answer
+STOP_MARGIN_S = 30.0  # stopping the engine or a local Ray cluster (a few seconds, measured) after the server
 
 # Idle keep-alive connections are closed after this long. uvicorn's default (5 s) equals httpx's
 # own pool expiry, so a client could reuse a connection in the very moment the server closed it:
@@ -104,11 +115,25 @@ KEEP_ALIVE_S = 75
 
 
 def serve_forever(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", *,
-                  shutdown_grace_s: float = 10.0, drain_delay_s: float = 0.0) -> None:
-    """Serve `app` on host:port until SIGTERM / Ctrl-C, then drain gracefully (see the module docstring)."""
+                  shutdown_grace_s: float = 10.0, drain_delay_s: float = 0.0,
+                  exit_deadline_s: float | None = None) -> None:
+    """Serve `app` on host:port until SIGTERM / Ctrl-C, then drain gracefully (see the module docstring).
+    `exit_deadline_s`: from the first signal, the process ends within this long (the caller cancels it with
+    `exit_deadline_met()` once it has stopped what it runs)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=KEEP_ALIVE_S,
                             timeout_graceful_shutdown=max(1, int(round(shutdown_grace_s))))
-    DrainingServer(config, drain_delay_s, shutdown_grace_s).run()
+    DrainingServer(config, drain_delay_s, shutdown_grace_s, exit_deadline_s).run()
+
+
+def exit_deadline_s(drain_delay_s: float, shutdown_grace_s: float) -> float:
+    """How long a foreground server may take from the first signal to exit: the drain, the grace, the cut
+    requests' answers, and STOP_MARGIN_S to stop the engine or the Ray cluster."""
+    return drain_delay_s + shutdown_grace_s + CUT_ANSWER_S + STOP_MARGIN_S
+
+
+def exit_deadline_met() -> None:
+    """Everything is stopped: disarm the exit deadline (a no-op when none was armed)."""
+    faulthandler.cancel_dump_traceback_later()
 
 
 def _bind(host: str, port: int) -> socket.socket:
