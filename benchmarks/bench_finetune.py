@@ -110,7 +110,7 @@ class TimedBatches:
         del self.marks[state["draws"]:]
 
 
-def frozen_model(model_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
+def frozen_model(model_dir: Path) -> torch.nn.Module:
     """The `--ceiling` arm: the base model with every weight frozen but the first layer's input norm gain, so a
     step runs the whole forward and the backward through every activation (what LoRA must run) with no
     adapters and no weight gradients: the fastest any method that trains inside every layer can be."""
@@ -123,7 +123,7 @@ def frozen_model(model_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
 
 def builder(ft: FinetuneConfig | None):
     """model_dir -> a fresh model for this method (None: the frozen ceiling arm)."""
-    return (lambda d: build_model(d, ft)) if ft is not None else (lambda d: frozen_model(d, FinetuneConfig()))
+    return (lambda d: build_model(d, ft)) if ft is not None else frozen_model
 
 
 def optimizer_bytes(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig) -> tuple[int, int]:

@@ -36,7 +36,7 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
     from tinystack.observe import setup_request_log
     from tinystack.serve import create_app, serve_forever
     from tinystack.serve.engine.adapter import load_engine
-    from tinystack.serve.server import exit_deadline_met, exit_deadline_s
+    from tinystack.serve.server import exit_deadline_for, exit_deadline_met
 
     scfg = cfg.serve
     if model.startswith(PREFIX) and not scfg.model_name:  # served under its registry name, not "model"
@@ -64,7 +64,7 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
     try:
         serve_forever(app, scfg.host, scfg.port, log_level, shutdown_grace_s=scfg.shutdown_grace_s,
                       drain_delay_s=scfg.drain_delay_s,
-                      exit_deadline_s=exit_deadline_s(scfg.drain_delay_s, scfg.shutdown_grace_s))
+                      exit_deadline_s=exit_deadline_for(scfg.drain_delay_s, scfg.shutdown_grace_s))
     finally:
         request_log.close()
         stop_engine()

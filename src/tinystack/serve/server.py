@@ -125,7 +125,7 @@ def serve_forever(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level
     DrainingServer(config, drain_delay_s, shutdown_grace_s, exit_deadline_s).run()
 
 
-def exit_deadline_s(drain_delay_s: float, shutdown_grace_s: float) -> float:
+def exit_deadline_for(drain_delay_s: float, shutdown_grace_s: float) -> float:
     """How long a foreground server may take from the first signal to exit: the drain, the grace, the cut
     requests' answers, and STOP_MARGIN_S to stop the engine or the Ray cluster."""
     return drain_delay_s + shutdown_grace_s + CUT_ANSWER_S + STOP_MARGIN_S
