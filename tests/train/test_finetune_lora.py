@@ -110,16 +110,21 @@ def test_adapter_init_and_scale():
     assert torch.allclose(lora(x), expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_hand_written_backward_equals_autograd(bias):
+@pytest.mark.parametrize("bias, parts", [(False, None), (True, None), (True, ([5, 3, 4], [True, False, True]))])
+def test_hand_written_backward_equals_autograd(bias, parts):
+    """The K-augmented product against autograd's graph of the same layer (gradcheck also changes B between a
+    forward and its backward: the backward must use the forward's B), for one adapter and for a fused layer
+    with two of its three parts adapted."""
     torch.manual_seed(0)
-    lin = torch.nn.Linear(6, 5, bias=bias).double()
-    lora = LoRALinear(lin, rank=3, alpha=4.5)
+    out = sum(parts[0]) if parts else 5
+    lin = torch.nn.Linear(6, out, bias=bias).double()
+    lora = LoRALinear(lin, rank=3, alpha=4.5, parts=parts)
     with torch.no_grad():
         lora.lora_B.normal_()
+    assert lora.lora_A.shape == (6 if parts else 3, 6) and lora.lora_B.shape == (9 if parts else 5, 3)
     x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, a, b: _with(lora, a, b)(x), (x, lora.lora_A, lora.lora_B))
-    g = torch.randn(2, 4, 5, dtype=torch.float64)
+    g = torch.randn(2, 4, out, dtype=torch.float64)
     grads = []
     for path in ("hand", "autograd"):
         lora.dropout = torch.nn.Identity() if path == "hand" else torch.nn.Dropout(0.0)  # Dropout -> plain path
@@ -158,8 +163,59 @@ def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master():
     for hand, ref in zip(*outs):
         assert (hand - ref).norm() <= 0.02 * ref.norm()  # bf16 rounding, not a different function
     assert lora.base.weight.dtype == torch.float32 and "_weight_copy" not in lora.state_dict()
-    copy = lora._frozen_weight(torch.bfloat16)
-    assert copy is lora._frozen_weight(torch.bfloat16)  # cast once, reused
+    aug = lora._augmented(torch.bfloat16)  # [W | s B | 0]: K = 64 + 4 rounded up to 96
+    assert aug is lora._augmented(torch.bfloat16) and aug.shape == (48, 96)  # cast once, reused
+    assert torch.equal(aug[:, :64], lora.base.weight.to(torch.bfloat16)) and not aug[:, 68:].any()
+    assert torch.equal(aug[:, 64:68], (lora.lora_B * lora.scale).to(torch.bfloat16))
+    opt = torch.optim.AdamW([lora.lora_A, lora.lora_B], lr=0.1, fused=True)
+    opt.step()  # fused AdamW writes B without bumping its version counter: the columns must follow anyway
+    assert torch.equal(lora._augmented(torch.bfloat16)[:, 64:68], (lora.lora_B * lora.scale).to(torch.bfloat16))
     with torch.no_grad():
         lora.base.weight.add_(1.0)  # a changed master (load_state_dict, an in-place write) is re-cast
-    assert torch.equal(lora._frozen_weight(torch.bfloat16), lora.base.weight.to(torch.bfloat16))
+    assert torch.equal(lora._augmented(torch.bfloat16)[:, :64], lora.base.weight.to(torch.bfloat16))
+
+
+def _llama_pair(targets):
+    """The same Llama twice with the same adapters on `targets`: as written (separate projections) and as the
+    trainer builds it (q/k/v and gate/up fused first, one grouped adapter per fused layer)."""
+    torch.manual_seed(0)
+    plain = _model("llama")
+    fused = Llama(plain.config).eval()
+    fused.load_state_dict(plain.state_dict())
+    inject_lora(plain, rank=4, alpha=8, targets=targets)
+    _randomise_b(plain)
+    fused.fuse_projections()
+    names = inject_lora(fused, rank=4, alpha=8, targets=targets)
+    pairs = []  # (grouped adapter, the separate adapters it stands for)
+    with torch.no_grad():
+        for name in names:
+            layer, parent = fused.get_submodule(name), plain.get_submodule(name.rpartition(".")[0])
+            originals = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+            parts = [getattr(parent, n) for n in originals.get(name.rsplit(".", 1)[-1], (name.rsplit(".", 1)[-1],))
+                     if isinstance(getattr(parent, n), LoRALinear)]
+            layer.lora_A.copy_(torch.cat([m.lora_A for m in parts]))
+            layer.lora_B.copy_(torch.cat([m.lora_B for m in parts]))
+            pairs.append((layer, parts))
+    return plain, fused, names, pairs
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                     ["q_proj", "v_proj", "up_proj"]])
+def test_adapters_on_fused_projections_are_the_separate_adapters(targets):
+    """One grouped adapter per fused layer (all or some of its parts adapted) computes, trains and merges exactly
+    as separate adapters on the original projections; the merged model saves under the original names."""
+    plain, fused, names, pairs = _llama_pair(targets)
+    assert any(n.endswith(("qkv_proj", "gate_up_proj")) for n in names)
+    assert sum(p.numel() for p in lora_parameters(plain)) == sum(p.numel() for p in lora_parameters(fused))
+    x = _tokens()
+    logits = [model(x)[0] for model in (plain, fused)]
+    for out in logits:
+        out.square().mean().backward()
+    assert torch.allclose(logits[0], logits[1], atol=1e-6, rtol=0)
+    for layer, parts in pairs:
+        for ab in ("lora_A", "lora_B"):
+            separate = torch.cat([getattr(m, ab).grad for m in parts])
+            assert separate.abs().max() > 0 and torch.allclose(getattr(layer, ab).grad, separate, atol=1e-7, rtol=1e-4)
+    a = merge_lora(plain).state_dict()
+    b = merge_lora(fused).state_dict()
+    assert set(a) == set(b) and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

@@ -10,8 +10,11 @@ QuantLinear (its blocks are per row), which provides `concat(layers)` -> one lay
 
 The checkpoint format does not change: the parent's state_dict still names the tensors by the
 original layers (`q_proj.weight`, ...: the fused tensor split by rows, copies so safetensors can
-save them) and load_state_dict accepts those names. Fusion is an inference-time transform; the
-inference engine applies it once at load (model.fuse_projections()).
+save them) and load_state_dict accepts those names. The inference engine applies it once at load
+(model.fuse_projections()), the trainer before training (train/finetune.py: fewer, larger matmuls in the
+forward and both halves of the backward). `parent.fused_parts[fused_name]` records (names, sizes), so a
+LoRA adapter on the fused layer (train/lora.py) can keep one adapter per original layer; while such a wrapper
+sits there, state_dict keeps the in-memory names (a wrapper's tensors are not all indexed by output row).
 """
 from __future__ import annotations
 
@@ -53,6 +56,8 @@ def fuse_rows(parent: nn.Module, names: list[str], fused_name: str) -> bool:
     head = f"{fused_name}."
 
     def split(module, state_dict, prefix, local_metadata):  # fused tensors -> the original layers' names
+        if _concat([getattr(module, fused_name)]) is None:  # a wrapper (LoRA): its tensors keep their names
+            return
         for key in [k for k in state_dict if k.startswith(prefix + head)]:
             field = key[len(prefix + head):]
             for name, part in zip(names, state_dict.pop(key).split(sizes)):
@@ -65,6 +70,9 @@ def fuse_rows(parent: nn.Module, names: list[str], fused_name: str) -> bool:
             if all(k in state_dict for k in keys):
                 state_dict[prefix + head + field] = torch.cat([state_dict.pop(k) for k in keys])
 
+    if not hasattr(parent, "fused_parts"):
+        parent.fused_parts = {}
+    parent.fused_parts[fused_name] = (list(names), sizes)
     parent.register_state_dict_post_hook(split)
     parent.register_load_state_dict_pre_hook(join)
     return True

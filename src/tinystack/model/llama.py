@@ -9,8 +9,8 @@
 Parameter names are Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 checkpoint's safetensors load by name with no renaming. The forward signature and the
 KV-cache interface are the GPT's: `forward(idx, targets, kv_cache, positions, logit_index)`.
-For inference, `fuse_projections()` turns q/k/v into one qkv_proj and gate/up into one gate_up_proj
-(model/fused_linear.py: same logits, fewer matmuls, state_dict names unchanged); the engine calls it.
+`fuse_projections()` turns q/k/v into one qkv_proj and gate/up into one gate_up_proj (model/fused_linear.py:
+same logits, fewer matmuls, state_dict names unchanged); the engine and the trainer call it.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class Attention(nn.Module):
         self.fused = False
 
     def fuse(self) -> None:
-        """q, k, v projections -> one qkv_proj (inference: one matmul, and q and k rotated in one pass)."""
+        """q, k, v projections -> one qkv_proj (one matmul, and q and k rotated in one pass)."""
         self.fused = self.fused or fuse_rows(self, ["q_proj", "k_proj", "v_proj"], "qkv_proj")
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -129,7 +129,7 @@ class MLP(nn.Module):
         self.fused = False
 
     def fuse(self) -> None:
-        """gate and up projections -> one gate_up_proj (inference: one matmul)."""
+        """gate and up projections -> one gate_up_proj (one matmul)."""
         self.fused = self.fused or fuse_rows(self, ["gate_proj", "up_proj"], "gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -171,8 +171,8 @@ class Llama(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def fuse_projections(self) -> None:
-        """Inference-time: fused QKV and gate/up projections in every layer (model/fused_linear.py): the same
-        logits from fewer, larger matmuls. state_dict keeps Hugging Face's names."""
+        """Fused QKV and gate/up projections in every layer (model/fused_linear.py): the same logits from fewer,
+        larger matmuls (inference and training). state_dict keeps Hugging Face's names."""
         for block in self.model.layers:
             block.self_attn.fuse()
             block.mlp.fuse()

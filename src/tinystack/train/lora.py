@@ -14,20 +14,29 @@ instead of in * out.
                                                W + (alpha / r) * B @ A: the model directory
                                                written afterwards is an ordinary one
 
-The backward is written by hand (`_LoRAProduct`): autograd's own graph for the same forward
-adds the two gradients of x in a separate pass and picks slow layouts for the thin products
-(g @ B ran ~3x slower than (B^T @ g^T)^T on this CPU), which cost LoRA a fifth of its step
-time on SmolLM2 with adapters on all seven projections. With dropout the layer uses the plain
-autograd path (same forward).
+Fused projections (model/fused_linear.py: q/k/v -> qkv_proj, gate/up -> gate_up_proj, which the trainer applies
+before injecting) keep one adapter per original projection: A stacks the parts' A matrices [P r, in] and the
+update uses B block-diagonally, so the model, its merged weights and its parameter count are those of
+separate adapters, but the P adapters sharing an input run as one.
 
-Under autocast (bf16 training, `[train] dtype` bfloat16 or `auto` resolving to it) the same hand-written
-product runs in the autocast dtype, as autocast itself would run the base GEMM, and the frozen weight is
-used from a low-precision copy made once (QLoRA's observation: a base that is never updated need not be
-re-cast from its float32 master every step). Autocast caches casts only for leaves that require grad,
-so without the copy every forward re-cast all frozen projection weights, and the adapter's extra matmuls,
-scaling and add each went through autocast separately: LoRA ran at 1.16x full fine-tuning's tokens/s in
-bf16 on a Xeon with AMX (1.39x in float32; one run each, one thread, under load). The float32 master
-stays the weight: `merged()` and the saved model use it, never the copy.
+Why the product is written by hand (`_LoRAProduct`): per adapter, the plain graph is ~8 thin matmuls and adds
+(x @ A.T is [N, r]) each a full pass over an [N, in] or [N, out] activation. With 210 adapters on SmolLM2 they
+cost LoRA a third of its step. Here the update rides inside the base matmul, the adapter as r more columns of
+the input (K-augmented):
+
+    [x | x A^T | 0] @ [W | s B | 0]^T = x W^T + s (x A^T) B^T          K = in + P r, rounded up to 32
+    g @ [W | s B | 0] = [g W | g s B | .]: grad_x's base part and g_xa = g s B (A's gradient) in one matmul
+
+so what is left per group of adapters is x A^T, one rank-P r correction of grad_x and the two thin weight
+gradients. K is padded with zero columns to a multiple of 32: an odd K (600, 1544) ran 1.3-1.5x slower than the
+padded one in bf16 on an AMX Xeon, the padding costs at most 32 / in of the matmul elsewhere. With dropout, or
+an unfrozen base, the layer uses the plain autograd path (same forward).
+
+The frozen weight is held in the augmented layout [out, K] in the compute dtype (bf16 under autocast: QLoRA's
+observation, a base that is never updated need not be re-cast from its float32 master every step), built once
+and rebuilt only when the master changes (in-place write, load_state_dict, .to()); the s B columns are
+rewritten when B changes (once per optimiser step). The float32 master stays the weight: `merged()` and the
+saved model use it, never the copy (not a buffer: never saved).
 """
 from __future__ import annotations
 
@@ -43,44 +52,94 @@ from tinystack.config import FinetuneConfig
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
 # c_fc; Llama: the rest); the output head and the embeddings stay frozen (tied in most small models).
 DEFAULT_TARGETS = tuple(FinetuneConfig().lora_targets)
+K_MULTIPLE = 32  # the augmented matmul's K is padded to this (bf16 tile width: 32 values of 2 bytes = 64 bytes)
+
+
+class _Parts:
+    """Where each adapter of a (possibly fused) layer lives: rows of the output, rows of B, columns of s B.
+
+    spans: (first output row, rows, first row in B) per adapted part; part j uses A's rows j r .. (j + 1) r."""
+
+    def __init__(self, sizes: Sequence[int], adapted: Sequence[bool], rank: int) -> None:
+        self.rank, self.out = rank, sum(sizes)
+        self.spans, row, b_row = [], 0, 0
+        for size, on in zip(sizes, adapted):
+            if on:
+                self.spans.append((row, size, b_row))
+                b_row += size
+            row += size
+        self.b_rows, self.width = b_row, rank * len(self.spans)  # B [b_rows, r]; s B spread [out, width]
+        self.whole = len(self.spans) == 1 and self.b_rows == self.out  # one adapter on every row: no spreading
+
+    def spread(self, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """B [b_rows, r] -> [out, P r], part j's rows in columns j r .. (j + 1) r, zeros elsewhere (autograd-safe
+        when `out` is None; with `out`, written in place)."""
+        if self.whole and out is None:
+            return b
+        full = b.new_zeros(self.out, self.width) if out is None else out.zero_()
+        r = self.rank
+        for j, (row, size, b_row) in enumerate(self.spans):
+            full[row:row + size, j * r:(j + 1) * r] = b[b_row:b_row + size]
+        return full
+
+    def gather(self, full: torch.Tensor) -> torch.Tensor:
+        """The inverse of spread for a gradient: [out, P r] -> [b_rows, r] (each part's own block)."""
+        if self.whole:
+            return full
+        r = self.rank
+        return torch.cat([full[row:row + size, j * r:(j + 1) * r] for j, (row, size, _) in enumerate(self.spans)])
 
 
 class _LoRAProduct(torch.autograd.Function):
-    """y = x W^T + b + (x A^T)(s B)^T for 2-D x, with W, b frozen; gradients for x, A and B only.
-
-    Computed in W's dtype (x, A, B and b cast to it; no-ops in float32); y comes out in that dtype, the
-    gradients in their inputs' dtypes (float32 masters for A and B, whatever x was)."""
+    """y = [x | x A^T | 0] @ wc^T + b for 2-D x, wc = [W | s B spread | 0] (frozen, built by LoRALinear);
+    gradients for x, A and B only. Computed in wc's dtype; y in it, the gradients in their inputs' dtypes."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, lora_a, lora_b, scale):
-        dt = weight.dtype
-        xc, a = x.to(dt), lora_a.to(dt)
-        xa = F.linear(xc, a)  # [N, r]
-        b_scaled = (lora_b * scale).to(dt)  # [out, r]: scaling the thin factor, not the [N, out] product
-        bias = bias.to(dt) if bias is not None else None
-        y = F.linear(xc, weight, bias).addmm_(xa, b_scaled.t())  # the adapter added inside the GEMM, in place
-        ctx.save_for_backward(xc, weight, a, b_scaled, xa)
-        ctx.scale, ctx.dtypes = scale, (x.dtype, lora_a.dtype, lora_b.dtype)
+    def forward(ctx, x, wc, bias, lora_a, lora_b, scale, parts):
+        dt, n_in, width = wc.dtype, x.shape[1], lora_a.shape[0]
+        a = lora_a.to(dt)
+        xc = torch.empty(x.shape[0], wc.shape[1], dtype=dt, device=x.device)  # [x | x A^T | 0]
+        xc[:, :n_in].copy_(x)  # the cast to the compute dtype, written where the matmul reads it
+        torch.mm(xc[:, :n_in], a.t(), out=xc[:, n_in:n_in + width])
+        xc[:, n_in + width:].zero_()
+        y = F.linear(xc, wc, bias.to(dt) if bias is not None else None)
+        ctx.save_for_backward(xc, a)
+        # wc is LoRALinear's cache, whose s B columns the next changed B rewrites in place: the backward reads its
+        # W part (never rewritten: a changed master gets a new tensor) and checks the columns against this copy
+        ctx.wc, ctx.sb = wc, wc[:, n_in:n_in + width].clone()
+        ctx.scale, ctx.parts, ctx.dtypes = scale, parts, (x.dtype, lora_a.dtype, lora_b.dtype)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        x, weight, lora_a, b_scaled, xa = ctx.saved_tensors
+        xc, a = ctx.saved_tensors
+        wc, sb = ctx.wc, ctx.sb
         x_dtype, a_dtype, b_dtype = ctx.dtypes
-        g = g.to(weight.dtype)
-        g_xa = (b_scaled.t() @ g.t()).t()  # [N, r]
-        grad_b = ((xa.t() @ g).t() * ctx.scale).to(b_dtype)  # [out, r]
-        grad_a = (g_xa.t() @ x).to(a_dtype)  # [r, in]
+        n_in, width = a.shape[1], a.shape[0]
+        g = g.to(wc.dtype)
+        same_b = torch.equal(wc[:, n_in:n_in + width], sb)  # False only if B changed before this backward
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = (g @ weight).addmm_(g_xa, lora_a).to(x_dtype)  # both paths, one pass
-        return grad_x, None, None, grad_a, grad_b, None
+            gw = g @ wc  # [N, K]: g W (grad_x's base part) and g s B (= d loss / d (x A^T)) side by side
+            g_xa = gw[:, n_in:n_in + width] if same_b else g @ sb
+            grad_x = torch.addmm(gw[:, :n_in], g_xa, a).to(x_dtype)  # + the adapter's path back to x
+        else:  # the first layer's input needs no gradient: only the thin part
+            g_xa = g @ sb
+        x, xa = xc[:, :n_in], xc[:, n_in:n_in + width]
+        grad_a = (g_xa.t() @ x).to(a_dtype)  # [P r, in]
+        grad_b = ctx.parts.gather((xa.t() @ g).t()).mul_(ctx.scale).to(b_dtype)  # [b_rows, r]
+        return grad_x, None, None, grad_a, grad_b, None, None
 
 
 class LoRALinear(nn.Module):
-    """A frozen `nn.Linear` plus a trainable rank-`rank` update scaled by alpha / rank."""
+    """A frozen `nn.Linear` plus a trainable rank-`rank` update scaled by alpha / rank.
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
+    `parts` (sizes, adapted): the base is a fused layer (model/fused_linear.py) whose output rows are these parts
+    side by side; each adapted part gets its own rank-`rank` adapter (A [P r, in] stacked, B [adapted rows, r]).
+    Default: one part, the whole layer."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0,
+                 parts: tuple[Sequence[int], Sequence[bool]] | None = None) -> None:
         super().__init__()
         if rank <= 0:
             raise ValueError(f"LoRA rank must be positive, got {rank}")
@@ -88,10 +147,16 @@ class LoRALinear(nn.Module):
         for p in base.parameters():
             p.requires_grad_(False)
         self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
+        sizes, adapted = parts or ([base.out_features], [True])
+        if sum(sizes) != base.out_features or not any(adapted):
+            raise ValueError(f"LoRA parts {list(sizes)} (adapted {list(adapted)}) do not cover the layer's "
+                             f"{base.out_features} output rows with at least one adapter")
+        self.parts = _Parts(sizes, adapted, rank)
         w = base.weight
-        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=w.device, dtype=w.dtype))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=w.device, dtype=w.dtype))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own init, as in the reference code
+        self.lora_A = nn.Parameter(torch.empty(self.parts.width, base.in_features, device=w.device, dtype=w.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(self.parts.b_rows, rank, device=w.device, dtype=w.dtype))
+        for a in self.lora_A.split(rank):  # each part's A as nn.Linear initialises a [r, in] weight
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     @property
@@ -103,28 +168,36 @@ class LoRALinear(nn.Module):
         return self.base.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # two thin matmuls (x @ A.T is [.., r]) instead of forming B @ A: r << in, out
+        # two thin matmuls (x @ A.T is [.., P r]) instead of forming B @ A: r << in, out
         if isinstance(self.dropout, nn.Dropout) or self.base.weight.requires_grad:
-            return self.base(x) + (self.dropout(x) @ self.lora_A.t() @ self.lora_B.t()) * self.scale
-        weight = self.base.weight
+            update = self.dropout(x) @ self.lora_A.t() @ self.parts.spread(self.lora_B).t()
+            return self.base(x) + update * self.scale
         device = x.device.type
-        if torch.is_autocast_enabled(device) and weight.is_floating_point():
-            weight = self._frozen_weight(torch.get_autocast_dtype(device))
-        with torch.autocast(device, enabled=False):  # the product casts for itself (to the weight's dtype)
-            y = _LoRAProduct.apply(x.reshape(-1, x.shape[-1]), weight, self.base.bias, self.lora_A,
-                                   self.lora_B, self.scale)
+        dtype = self.base.weight.dtype
+        if torch.is_autocast_enabled(device) and dtype.is_floating_point:
+            dtype = torch.get_autocast_dtype(device)
+        with torch.autocast(device, enabled=False):  # the product casts for itself (to the copy's dtype)
+            y = _LoRAProduct.apply(x.reshape(-1, x.shape[-1]), self._augmented(dtype), self.base.bias, self.lora_A,
+                                   self.lora_B, self.scale, self.parts)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    def _frozen_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """The frozen base weight in `dtype`: cast once and kept (not a buffer: never saved) until the
-        master weight changes (in-place write, load_state_dict, .to())."""
-        w = self.base.weight
-        if w.dtype == dtype:
-            return w
-        key = (dtype, w.data_ptr(), w._version)
+    def _augmented(self, dtype: torch.dtype) -> torch.Tensor:
+        """[W | s B spread | 0] in `dtype`, [out, in + P r rounded up to K_MULTIPLE]: the frozen weight copied
+        once (again only when the master changes), the s B columns rewritten when B changed (compared by value:
+        B is [rows, r], and the fused AdamW step writes it without bumping its version counter)."""
+        w, b = self.base.weight, self.lora_B
+        n_in, width = w.shape[1], self.parts.width
+        key = (dtype, w.device, w.data_ptr(), w._version)
         cache = getattr(self, "_weight_copy", None)
         if cache is None or cache[0] != key:
-            self._weight_copy = cache = (key, w.detach().to(dtype))
+            k = -(-(n_in + width) // K_MULTIPLE) * K_MULTIPLE
+            wc = torch.zeros(w.shape[0], k, dtype=dtype, device=w.device)
+            wc[:, :n_in].copy_(w.detach())
+            self._weight_copy = cache = [key, wc, None]
+        if cache[2] is None or not torch.equal(cache[2], b):  # by value: fused AdamW bumps no version counter
+            with torch.no_grad():
+                self.parts.spread((b * self.scale).to(dtype), out=cache[1][:, n_in:n_in + width])
+            cache[2] = b.detach().clone()
         return cache[1]
 
     @torch.no_grad()
@@ -133,7 +206,8 @@ class LoRALinear(nn.Module):
         base = self.base
         out = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,
                         device=base.weight.device, dtype=base.weight.dtype)
-        delta = (self.lora_B.double() @ self.lora_A.double()) * self.scale  # float64: one rounding, at the end
+        b = self.parts.spread(self.lora_B.double())  # float64: one rounding, at the end
+        delta = (b @ self.lora_A.double()) * self.scale
         out.weight.copy_((base.weight.double() + delta).to(base.weight.dtype))
         if base.bias is not None:
             out.bias.copy_(base.bias)
@@ -146,20 +220,32 @@ def _matches(name: str, targets: Sequence[str]) -> bool:
 
 def inject_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS,
                 dropout: float = 0.0) -> list[str]:
-    """Freeze every parameter of `model`, then wrap each targeted nn.Linear in a LoRALinear (in place).
+    """Freeze every parameter of `model`, then wrap each targeted nn.Linear in a LoRALinear (in place). A fused
+    layer (qkv_proj, ...) is targeted by its original names: one adapter for each of them that is a target.
 
     Returns the wrapped module names; raises ValueError when no layer matches `targets`."""
     for p in model.parameters():
         p.requires_grad_(False)
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _matches(n, targets)]
-    if not names:
+    wrap: dict[str, tuple[list[int], list[bool]] | None] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Linear):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        fused = getattr(model.get_submodule(parent_name) if parent_name else model, "fused_parts", {}).get(child)
+        if fused is not None:
+            adapted = [_matches(n, targets) for n in fused[0]]
+            if any(adapted):
+                wrap[name] = (fused[1], adapted)
+        elif _matches(name, targets):
+            wrap[name] = None
+    if not wrap:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(f"no linear layer matches LoRA targets {list(targets)} (this model has: {linear})")
-    for name in names:
+    for name, parts in wrap.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha, dropout))
-    return names
+        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha, dropout, parts))
+    return list(wrap)
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
