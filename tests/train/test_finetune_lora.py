@@ -163,16 +163,16 @@ def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master():
     for hand, ref in zip(*outs):
         assert (hand - ref).norm() <= 0.02 * ref.norm()  # bf16 rounding, not a different function
     assert lora.base.weight.dtype == torch.float32 and "_weight_copy" not in lora.state_dict()
-    aug = lora._augmented(torch.bfloat16)  # [W | s B | 0]: K = 64 + 4 rounded up to 96
-    assert aug is lora._augmented(torch.bfloat16) and aug.shape == (48, 96)  # cast once, reused
+    aug = lora._augmented(torch.bfloat16).weight  # [W | s B | 0]: K = 64 + 4 rounded up to 96
+    assert aug is lora._augmented(torch.bfloat16).weight and aug.shape == (48, 96)  # cast once, reused
     assert torch.equal(aug[:, :64], lora.base.weight.to(torch.bfloat16)) and not aug[:, 68:].any()
     assert torch.equal(aug[:, 64:68], (lora.lora_B * lora.scale).to(torch.bfloat16))
     opt = torch.optim.AdamW([lora.lora_A, lora.lora_B], lr=0.1, fused=True)
     opt.step()  # fused AdamW writes B without bumping its version counter: the columns must follow anyway
-    assert torch.equal(lora._augmented(torch.bfloat16)[:, 64:68], (lora.lora_B * lora.scale).to(torch.bfloat16))
+    assert torch.equal(lora._augmented(torch.bfloat16).weight[:, 64:68], (lora.lora_B * lora.scale).to(torch.bfloat16))
     with torch.no_grad():
         lora.base.weight.add_(1.0)  # a changed master (load_state_dict, an in-place write) is re-cast
-    assert torch.equal(lora._augmented(torch.bfloat16)[:, :64], lora.base.weight.to(torch.bfloat16))
+    assert torch.equal(lora._augmented(torch.bfloat16).weight[:, :64], lora.base.weight.to(torch.bfloat16))
 
 
 def _llama_pair(targets):

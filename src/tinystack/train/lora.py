@@ -90,12 +90,20 @@ class _Parts:
         return torch.cat([full[row:row + size, j * r:(j + 1) * r] for j, (row, size, _) in enumerate(self.spans)])
 
 
+class _AugmentedWeight:
+    """LoRALinear's cache: [W | s B spread | 0] in the compute dtype, the B it holds, how often B was written."""
+
+    def __init__(self, key: tuple, weight: torch.Tensor) -> None:
+        self.key, self.weight, self.b, self.writes = key, weight, None, 0
+
+
 class _LoRAProduct(torch.autograd.Function):
-    """y = [x | x A^T | 0] @ wc^T + b for 2-D x, wc = [W | s B spread | 0] (frozen, built by LoRALinear);
-    gradients for x, A and B only. Computed in wc's dtype; y in it, the gradients in their inputs' dtypes."""
+    """y = [x | x A^T | 0] @ wc^T + b for 2-D x, wc = aug.weight = [W | s B spread | 0] (frozen, LoRALinear's
+    cache); gradients for x, A and B only. Computed in wc's dtype; y in it, the gradients in their inputs' dtypes."""
 
     @staticmethod
-    def forward(ctx, x, wc, bias, lora_a, lora_b, scale, parts):
+    def forward(ctx, x, aug, bias, lora_a, lora_b, scale, parts):
+        wc = aug.weight
         dt, n_in, width = wc.dtype, x.shape[1], lora_a.shape[0]
         a = lora_a.to(dt)
         xc = torch.empty(x.shape[0], wc.shape[1], dtype=dt, device=x.device)  # [x | x A^T | 0]
@@ -104,20 +112,20 @@ class _LoRAProduct(torch.autograd.Function):
         xc[:, n_in + width:].zero_()
         y = F.linear(xc, wc, bias.to(dt) if bias is not None else None)
         ctx.save_for_backward(xc, a)
-        # wc is LoRALinear's cache, whose s B columns the next changed B rewrites in place: the backward reads its
-        # W part (never rewritten: a changed master gets a new tensor) and checks the columns against this copy
-        ctx.wc, ctx.sb = wc, wc[:, n_in:n_in + width].clone()
+        # the next changed B rewrites wc's s B columns in place (aug.writes counts it): the backward reads the W
+        # part (never rewritten: a changed master gets a new tensor) and, if B has changed since, this copy
+        ctx.aug, ctx.writes, ctx.sb = aug, aug.writes, wc[:, n_in:n_in + width].clone()
         ctx.scale, ctx.parts, ctx.dtypes = scale, parts, (x.dtype, lora_a.dtype, lora_b.dtype)
         return y
 
     @staticmethod
     def backward(ctx, g):
         xc, a = ctx.saved_tensors
-        wc, sb = ctx.wc, ctx.sb
+        wc, sb = ctx.aug.weight, ctx.sb
         x_dtype, a_dtype, b_dtype = ctx.dtypes
         n_in, width = a.shape[1], a.shape[0]
         g = g.to(wc.dtype)
-        same_b = torch.equal(wc[:, n_in:n_in + width], sb)  # False only if B changed before this backward
+        same_b = ctx.aug.writes == ctx.writes  # False only if B changed between the forward and this backward
         grad_x = None
         if ctx.needs_input_grad[0]:
             gw = g @ wc  # [N, K]: g W (grad_x's base part) and g s B (= d loss / d (x A^T)) side by side
@@ -181,24 +189,24 @@ class LoRALinear(nn.Module):
                                    self.lora_B, self.scale, self.parts)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    def _augmented(self, dtype: torch.dtype) -> torch.Tensor:
+    def _augmented(self, dtype: torch.dtype) -> _AugmentedWeight:
         """[W | s B spread | 0] in `dtype`, [out, in + P r rounded up to K_MULTIPLE]: the frozen weight copied
         once (again only when the master changes), the s B columns rewritten when B changed (compared by value:
         B is [rows, r], and the fused AdamW step writes it without bumping its version counter)."""
         w, b = self.base.weight, self.lora_B
         n_in, width = w.shape[1], self.parts.width
         key = (dtype, w.device, w.data_ptr(), w._version)
-        cache = getattr(self, "_weight_copy", None)
-        if cache is None or cache[0] != key:
+        aug = getattr(self, "_weight_copy", None)
+        if aug is None or aug.key != key:
             k = -(-(n_in + width) // K_MULTIPLE) * K_MULTIPLE
             wc = torch.zeros(w.shape[0], k, dtype=dtype, device=w.device)
             wc[:, :n_in].copy_(w.detach())
-            self._weight_copy = cache = [key, wc, None]
-        if cache[2] is None or not torch.equal(cache[2], b):  # by value: fused AdamW bumps no version counter
+            self._weight_copy = aug = _AugmentedWeight(key, wc)
+        if aug.b is None or not torch.equal(aug.b, b):  # by value: fused AdamW bumps no version counter
             with torch.no_grad():
-                self.parts.spread((b * self.scale).to(dtype), out=cache[1][:, n_in:n_in + width])
-            cache[2] = b.detach().clone()
-        return cache[1]
+                self.parts.spread((b * self.scale).to(dtype), out=aug.weight[:, n_in:n_in + width])
+            aug.b, aug.writes = b.detach().clone(), aug.writes + 1
+        return aug
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
