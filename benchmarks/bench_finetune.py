@@ -8,8 +8,9 @@ Trials interleave the two methods (full, LoRA, full, LoRA, ...) so background lo
 alike; each trial builds the model, runs `--steps` optimiser steps and times every step but the
 first (warm-up) from the batch source's own clock: CPU seconds of this process (with one torch
 thread that counts only our work on a shared machine; see bench_common.timed) and wall
-seconds. Reported: median tokens/s over trials, and the bytes of AdamW state (exp_avg +
-exp_avg_sq + step) each method allocates. Target: LoRA >= 1.5x the tokens/s of full fine-tuning
+seconds. Reported: median tokens/s over trials (the target's figure), each trial's tokens/s over full
+fine-tuning's in the same trial (steadier when the machine's speed drifts between trials), and the bytes of
+AdamW state (exp_avg + exp_avg_sq + step) each method allocates. Target: LoRA >= 1.5x the tokens/s of full fine-tuning
 with <= 10% of its optimizer memory.
 
 Our step vs a bare step (issue 17: overhead <= 10 %): every trial also runs a bare loop on the same model
@@ -281,6 +282,11 @@ def main() -> None:
     full, lora = res["methods"]["full"], res["methods"][f"lora r={args.rank}"]
     res["lora_speedup_cpu"] = lora["median_tokens_per_cpu_s"] / full["median_tokens_per_cpu_s"]
     res["lora_speedup_wall"] = lora["median_tokens_per_wall_s"] / full["median_tokens_per_wall_s"]
+    for m in res["methods"].values():  # each trial's rate over full fine-tuning's in the same trial: when the
+        # machine's speed drifts between trials, these ratios of neighbours drift less than the medians' ratio
+        m["same_trial_ratio_wall"] = [a["tokens_per_wall_s"] / b["tokens_per_wall_s"]
+                                      for a, b in zip(m["trials"], full["trials"])]
+        m["median_same_trial_ratio_wall"] = statistics.median(m["same_trial_ratio_wall"])
     res["lora_optimizer_memory_fraction"] = lora["optimizer_state_bytes"] / full["optimizer_state_bytes"]
     res["target_met"] = res["lora_speedup_cpu"] >= 1.5 and res["lora_optimizer_memory_fraction"] <= 0.10
     res["target_step_overhead"] = TARGET_STEP_OVERHEAD
@@ -289,9 +295,12 @@ def main() -> None:
         res["ceiling_speedup_cpu"] = ceiling["median_tokens_per_cpu_s"] / full["median_tokens_per_cpu_s"]
         res["ceiling_speedup_wall"] = ceiling["median_tokens_per_wall_s"] / full["median_tokens_per_wall_s"]
         print(f"{CEILING}: {res['ceiling_speedup_cpu']:.2f}x full fine-tuning's tokens/s "
-              f"(CPU time; wall {res['ceiling_speedup_wall']:.2f}x)", flush=True)
+              f"(CPU time; wall {res['ceiling_speedup_wall']:.2f}x; same-trial median "
+              f"{ceiling['median_same_trial_ratio_wall']:.2f})", flush=True)
     print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s "
-          f"(CPU time; wall {res['lora_speedup_wall']:.2f}x), "
+          f"(CPU time; wall {res['lora_speedup_wall']:.2f}x; same-trial ratios "
+          f"{', '.join(f'{r:.2f}' for r in lora['same_trial_ratio_wall'])}, median "
+          f"{lora['median_same_trial_ratio_wall']:.2f}), "
           f"{100 * res['lora_optimizer_memory_fraction']:.2f}% of the optimizer memory", flush=True)
     for name, m in res["methods"].items():
         print(f"{name}: our step vs the bare step {100 * m['step_overhead_cpu']:+.1f} % CPU time "
