@@ -175,6 +175,24 @@ def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master():
     assert torch.equal(lora._augmented(torch.bfloat16).weight[:, :64], lora.base.weight.to(torch.bfloat16))
 
 
+def test_float32_holds_the_frozen_weight_once():
+    """Computing in the master's own dtype, the master moves into the augmented buffer instead of being copied:
+    one storage, the same values, still the state_dict's weight; writes to it (load_state_dict) reach the product."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(40, 24)
+    w0 = lin.weight.detach().clone()
+    lora = LoRALinear(lin, rank=2, alpha=4)
+    x = torch.randn(5, 40)
+    y0 = lora(x)
+    aug = lora._augmented(torch.float32).weight
+    assert lin.weight.untyped_storage().data_ptr() == aug.untyped_storage().data_ptr()
+    assert torch.equal(lin.weight, w0) and torch.equal(lora.state_dict()["base.weight"], w0)
+    assert torch.allclose(y0, x @ w0.t() + lin.bias, atol=1e-6)  # B = 0
+    lora.load_state_dict({**lora.state_dict(), "base.weight": 2 * w0})
+    assert torch.allclose(lora(x), x @ (2 * w0).t() + lin.bias, atol=1e-5)
+    assert lora._augmented(torch.float32).weight is aug
+
+
 def _llama_pair(targets):
     """The same Llama twice with the same adapters on `targets`: as written (separate projections) and as the
     trainer builds it (q/k/v and gate/up fused first, one grouped adapter per fused layer)."""

@@ -34,7 +34,8 @@ an unfrozen base, the layer uses the plain autograd path (same forward).
 
 The frozen weight is held in the augmented layout [out, K] in the compute dtype (bf16 under autocast: QLoRA's
 observation, a base that is never updated need not be re-cast from its float32 master every step), built once
-and rebuilt only when the master changes (in-place write, load_state_dict, .to()); the s B columns are
+and rebuilt only when the master changes (in-place write, load_state_dict, .to()); in the master's own dtype
+(float32 training) the master itself becomes a view into it, so the weight is not held twice; the s B columns are
 rewritten when B changes (once per optimiser step). The float32 master stays the weight: `merged()` and the
 saved model use it, never the copy (not a buffer: never saved).
 """
@@ -195,18 +196,25 @@ class LoRALinear(nn.Module):
         B is [rows, r], and the fused AdamW step writes it without bumping its version counter)."""
         w, b = self.base.weight, self.lora_B
         n_in, width = w.shape[1], self.parts.width
-        key = (dtype, w.device, w.data_ptr(), w._version)
         aug = getattr(self, "_weight_copy", None)
-        if aug is None or aug.key != key:
+        if aug is None or aug.key != self._key(dtype):
             k = -(-(n_in + width) // K_MULTIPLE) * K_MULTIPLE
             wc = torch.zeros(w.shape[0], k, dtype=dtype, device=w.device)
             wc[:, :n_in].copy_(w.detach())
-            self._weight_copy = aug = _AugmentedWeight(key, wc)
+            if dtype == w.dtype:  # computing in the master's own dtype: the master moves into the buffer (a view),
+                self.base.weight.data = wc[:, :n_in]  # so the frozen weight is held once, not twice
+            self._weight_copy = aug = _AugmentedWeight(self._key(dtype), wc)
         if aug.b is None or not torch.equal(aug.b, b):  # by value: fused AdamW bumps no version counter
             with torch.no_grad():
                 self.parts.spread((b * self.scale).to(dtype), out=aug.weight[:, n_in:n_in + width])
             aug.b, aug.writes = b.detach().clone(), aug.writes + 1
         return aug
+
+    def _key(self, dtype: torch.dtype) -> tuple:
+        """What the cached buffer depends on: the master's place and, for a copy, its version (an in-place write or
+        load_state_dict bumps it). A master living in the buffer needs no version: writes to it are the buffer's."""
+        w = self.base.weight
+        return dtype, w.device, w.data_ptr(), None if dtype == w.dtype else w._version
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
