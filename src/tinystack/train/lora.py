@@ -21,7 +21,7 @@ separate adapters, but the P adapters sharing an input run as one.
 
 Why the product is written by hand (`_LoRAProduct`): per adapter, the plain graph is ~8 thin matmuls and adds
 (x @ A.T is [N, r]) each a full pass over an [N, in] or [N, out] activation. With 210 adapters on SmolLM2 they
-cost LoRA a third of its step. Here the update rides inside the base matmul, the adapter as r more columns of
+cost LoRA ~0.5 s of a ~3 s step. Here the update rides inside the base matmul, the adapter as r more columns of
 the input (K-augmented):
 
     [x | x A^T | 0] @ [W | s B | 0]^T = x W^T + s (x A^T) B^T          K = in + P r, rounded up to 32
