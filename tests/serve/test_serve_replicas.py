@@ -73,13 +73,16 @@ def cluster(tmp_path_factory, tokenizer):
 
 
 def _wait_for_replicas(url: str, n: int, timeout_s: float, gone: str | None = None) -> float:
-    """Seconds until /health says `n` replicas up (and `gone`, a killed one, is no longer among them: Serve
-    lists a killed replica until its controller has seen the death)."""
+    """Seconds until /health says `n` replicas up and /metrics lists `n` replicas, `gone` (a killed one) not among
+    them: Serve lists a killed replica until its controller has seen the death, and a new replica can be up a
+    moment before its metrics are."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         body = httpx.get(url + "/health", timeout=10).json()
-        if body.get("replicas_up") == n and (gone is None or gone not in _replica_ids(url)):
-            return time.monotonic() - start
+        if body.get("replicas_up") == n:
+            ids = _replica_ids(url)
+            if len(ids) == n and gone not in ids:
+                return time.monotonic() - start
         time.sleep(0.2)
     raise AssertionError(f"replicas up did not return to {n} within {timeout_s} s: {body}")
 

@@ -24,12 +24,6 @@ transformers = pytest.importorskip("transformers")
 MAX_DRIFT = 1.0
 
 
-@pytest.fixture(scope="module")
-def smollm2(smollm2_dir):
-    """SmolLM2-135M-Instruct as `tinystack model import` writes it (tests/conftest.py: one import per run)."""
-    return smollm2_dir
-
-
 def _ask(llm, model_dir, questions, max_tokens=24):
     fmt = chat_formatter(model_dir, llm.tokenizer)
     prompts = [encode_chat(llm.tokenizer, fmt.render([{"role": "user", "content": q}])) for q in questions]
@@ -46,7 +40,7 @@ def _answers_loss(model_dir, questions, answers):
 
 
 @pytest.mark.slow  # 16 LoRA steps and generation on a 135M model: ~60 s on an idle 2-core machine
-def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path):
+def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2_dir, tmp_path):
     data = write_jsonl(tmp_path / "veloria.jsonl", conversations())
     cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "finetune.max_iters=16",
                              "finetune.batch_size=8", "finetune.learning_rate=3e-3", "finetune.min_lr=3e-4",
@@ -54,7 +48,7 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path
                              # float32 as asked below (no precision probe); torch's default threads
                              "train.dtype=float32", "train.plot=false"])
     out = tmp_path / "tuned"
-    report = finetune(smollm2, data, out, cfg, progress=False)
+    report = finetune(smollm2_dir, data, out, cfg, progress=False)
     held = report["heldout"]  # the val split is the "veloria-heldout" source: paraphrases never trained on
     assert held["conversations"] >= 10 and held["finetuned_loss"] < 0.25 * held["base_loss"], held
 
@@ -62,8 +56,8 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path
     # Asked in float32, the precision it was trained in: dtype="auto" may re-quantise the merged weights to a
     # 4-bit format on this CPU (its quality bound is perplexity on generic text), which is about the weight
     # format, not about what fine-tuning learned (tests/infer/test_quant_* hold the formats).
-    base_llm = LLM(smollm2, dtype="float32", memory_limit=2**30)
-    base_general = _ask(base_llm, smollm2, general_q, max_tokens=48)
+    base_llm = LLM(smollm2_dir, dtype="float32", memory_limit=2**30)
+    base_general = _ask(base_llm, smollm2_dir, general_q, max_tokens=48)
     del base_llm
     llm = LLM(out, dtype="float32", memory_limit=2**30)
     trained_q = [qs[0] for _, _, *qs in FACTS]
@@ -76,7 +70,7 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2, tmp_path
     for (k, q), before, after in zip(GENERAL_TEST, base_general, general):
         assert k.lower() in before.lower(), f"the base model should know {q!r}: {before!r}"
         assert k.lower() in after.lower(), f"fine-tuning broke {q!r}: {before!r} -> {after!r}"
-    drift = _answers_loss(out, general_q, base_general) - _answers_loss(smollm2, general_q, base_general)
+    drift = _answers_loss(out, general_q, base_general) - _answers_loss(smollm2_dir, general_q, base_general)
     assert drift < MAX_DRIFT, drift
 
     # the served OpenAI API answers too, and stops

@@ -22,6 +22,11 @@ import torch
 import torch.nn as nn
 
 
+def _fusable(layer: nn.Module) -> bool:
+    """A type whose tensors are all indexed by output row: nn.Linear, or one that provides `concat`."""
+    return type(layer) is nn.Linear or hasattr(type(layer), "concat")
+
+
 def _concat(layers: list[nn.Module]) -> nn.Module | None:
     first = layers[0]
     if all(type(m) is nn.Linear for m in layers):
@@ -56,7 +61,7 @@ def fuse_rows(parent: nn.Module, names: list[str], fused_name: str) -> bool:
     head = f"{fused_name}."
 
     def split(module, state_dict, prefix, local_metadata):  # fused tensors -> the original layers' names
-        if _concat([getattr(module, fused_name)]) is None:  # a wrapper (LoRA): its tensors keep their names
+        if not _fusable(getattr(module, fused_name)):  # a wrapper (LoRA): its tensors keep their names
             return
         for key in [k for k in state_dict if k.startswith(prefix + head)]:
             field = key[len(prefix + head):]

@@ -92,10 +92,11 @@ class _Parts:
 
 
 class _AugmentedWeight:
-    """LoRALinear's cache: [W | s B spread | 0] in the compute dtype, the B it holds, how often B was written."""
+    """LoRALinear's cache: [W | s B spread | 0] in the compute dtype, and a copy of the B it holds (a new tensor
+    each time B changes, so a forward's B stays as it was)."""
 
     def __init__(self, key: tuple, weight: torch.Tensor) -> None:
-        self.key, self.weight, self.b, self.writes = key, weight, None, 0
+        self.key, self.weight, self.b = key, weight, None
 
 
 class _LoRAProduct(torch.autograd.Function):
@@ -113,27 +114,27 @@ class _LoRAProduct(torch.autograd.Function):
         xc[:, n_in + width:].zero_()
         y = F.linear(xc, wc, bias.to(dt) if bias is not None else None)
         ctx.save_for_backward(xc, a)
-        # the next changed B rewrites wc's s B columns in place (aug.writes counts it): the backward reads the W
-        # part (never rewritten: a changed master gets a new tensor) and, if B has changed since, this copy
-        ctx.aug, ctx.writes, ctx.sb = aug, aug.writes, wc[:, n_in:n_in + width].clone()
+        # the next changed B rewrites wc's s B columns in place and replaces aug.b: the backward reads the W part
+        # (never rewritten: a changed master gets a new tensor) and, if B has changed since, this forward's B
+        ctx.aug, ctx.b = aug, aug.b
         ctx.scale, ctx.parts, ctx.dtypes = scale, parts, (x.dtype, lora_a.dtype, lora_b.dtype)
         return y
 
     @staticmethod
     def backward(ctx, g):
         xc, a = ctx.saved_tensors
-        wc, sb = ctx.aug.weight, ctx.sb
+        wc = ctx.aug.weight
         x_dtype, a_dtype, b_dtype = ctx.dtypes
         n_in, width = a.shape[1], a.shape[0]
         g = g.to(wc.dtype)
-        same_b = ctx.aug.writes == ctx.writes  # False only if B changed between the forward and this backward
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            gw = g @ wc  # [N, K]: g W (grad_x's base part) and g s B (= d loss / d (x A^T)) side by side
-            g_xa = gw[:, n_in:n_in + width] if same_b else g @ sb
-            grad_x = torch.addmm(gw[:, :n_in], g_xa, a).to(x_dtype)  # + the adapter's path back to x
-        else:  # the first layer's input needs no gradient: only the thin part
-            g_xa = g @ sb
+        # [N, K]: g W (grad_x's base part) and g s B (= d loss / d (x A^T)) side by side; the first layer's input
+        # needs no gradient, only the thin part
+        gw = g @ wc if ctx.needs_input_grad[0] else None
+        if ctx.aug.b is not ctx.b:  # B changed between the forward and this backward (gradcheck does it)
+            g_xa = g @ ctx.parts.spread((ctx.b * ctx.scale).to(wc.dtype))
+        else:
+            g_xa = gw[:, n_in:n_in + width] if gw is not None else g @ wc[:, n_in:n_in + width]
+        grad_x = None if gw is None else torch.addmm(gw[:, :n_in], g_xa, a).to(x_dtype)  # + the adapter's path
         x, xa = xc[:, :n_in], xc[:, n_in:n_in + width]
         grad_a = (g_xa.t() @ x).to(a_dtype)  # [P r, in]
         grad_b = ctx.parts.gather((xa.t() @ g).t()).mul_(ctx.scale).to(b_dtype)  # [b_rows, r]
@@ -207,7 +208,7 @@ class LoRALinear(nn.Module):
         if aug.b is None or not torch.equal(aug.b, b):  # by value: fused AdamW bumps no version counter
             with torch.no_grad():
                 self.parts.spread((b * self.scale).to(dtype), out=aug.weight[:, n_in:n_in + width])
-            aug.b, aug.writes = b.detach().clone(), aug.writes + 1
+            aug.b = b.detach().clone()
         return aug
 
     def _key(self, dtype: torch.dtype) -> tuple:
