@@ -61,3 +61,46 @@ def test_forward_refuses_positions_past_block_size():
     model = _tiny()
     with pytest.raises(ValueError, match="exceeds block_size=32"):
         model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_a_loaded_model_owns_its_tensors_and_its_head_is_tied(tmp_path):
+    save_model(_tiny(6), tmp_path)
+    model = load_model(tmp_path)
+    assert model.lm_head.weight is model.transformer.wte.weight  # one Parameter, as a freshly built GPT
+    for name, p in model.named_parameters():
+        assert p.device.type == "cpu" and p.is_contiguous() and p.requires_grad, name
+    # written weights change the model only, not the file (the parameters are copies, not the file's mapping)
+    with torch.no_grad():
+        model.transformer.h[0].attn.c_attn.weight.add_(1.0)
+        model.lm_head.weight.mul_(2.0)
+    assert torch.equal(load_model(tmp_path).state_dict()["transformer.wte.weight"],
+                       _tiny(6).state_dict()["transformer.wte.weight"])
+
+
+def test_building_an_empty_model_leaves_other_threads_initialisation_alone():
+    """empty_model skips torch.nn.init on meta tensors only: a model built at the same time in another thread is
+    initialised as usual (repeated: the two overlap in many different places)."""
+    import threading
+
+    from tinystack.model.io import empty_model
+
+    cfg = GPTConfig(vocab_size=97, block_size=32, n_layer=2, n_head=4, n_embd=32)
+    expected = _tiny(7).state_dict()
+    def skeletons(stop, empties):
+        while not stop.is_set():
+            empties.append(all(p.is_meta for p in empty_model(cfg).parameters()))
+
+    for _ in range(30):
+        built, empties, stop = [], [], threading.Event()
+        t = threading.Thread(target=skeletons, args=(stop, empties))
+        t.start()
+        try:
+            for _ in range(5):
+                built.append(_tiny(7).state_dict())
+        finally:
+            stop.set()
+            t.join()
+        assert empties and all(empties)
+        for state in built:
+            for name, value in expected.items():
+                assert torch.equal(state[name], value), name

@@ -91,13 +91,17 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # weight tying: one matrix in and out
+        self.tie_weights()
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream
         # does not grow with depth (each block adds two of them)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    def tie_weights(self) -> None:
+        """Weight tying: one matrix in and out (again after the parameters were replaced: model.io's loader)."""
+        self.lm_head.weight = self.transformer.wte.weight
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -36,6 +36,7 @@ from tinystack.model.io import (
     WEIGHTS_FILE,
     ModelFormatError,
     check_tensor_shapes,
+    empty_model,
     llama_hf_config,
     load_model,
     save_model,
@@ -101,25 +102,6 @@ def _check_out(out: Path) -> None:
         raise ModelFormatError(f"{out}: exists and is not a model directory; refusing to replace it")
 
 
-def _skeleton(cfg: Any) -> Any:
-    """The Llama's module tree and tensor shapes, without memory: built on the meta device with weight
-    initialisation skipped (nothing to initialise; torch's meta normal_ imports sympy on first use, seconds)."""
-    import torch
-
-    from tinystack.model.llama import Llama
-
-    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_")
-    saved = {n: getattr(torch.nn.init, n) for n in names}
-    try:
-        for n in names:
-            setattr(torch.nn.init, n, lambda t, *a, **k: t)
-        with torch.device("meta"):
-            return Llama(cfg)
-    finally:
-        for n, fn in saved.items():
-            setattr(torch.nn.init, n, fn)
-
-
 def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
     from tinystack.model.gguf_model import GGUFModel
     from tinystack.model.gguf_tokenizer import build_tokenizer
@@ -130,7 +112,7 @@ def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
     if (n_tok := tok.get_vocab_size(with_added_tokens=True)) > g.config.vocab_size:
         raise ModelFormatError(f"{path}: tokenizer has {n_tok} tokens, the embedding {g.config.vocab_size} rows")
     shapes = g.shapes()
-    needed = check_tensor_shapes(_skeleton(g.config), dict(shapes), path)
+    needed = check_tensor_shapes(empty_model(g.config), dict(shapes), path)
     extra = sorted(set(dict(shapes)) - set(needed))
     if extra:  # never dropped silently: the model would not be the one in the file
         raise ModelFormatError(f"{path}: tensors the {g.arch} model has no place for: {extra[:6]}")

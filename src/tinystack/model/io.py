@@ -16,6 +16,9 @@ fine-tuned Llama is an ordinary model directory. Every file is written atomicall
 """
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -180,9 +183,45 @@ def check_tensor_shapes(model: torch.nn.Module, shapes: dict[str, tuple[int, ...
     return expected
 
 
+_INIT_FUNCTIONS = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_")
+_init_lock = threading.Lock()
+
+
+@contextmanager
+def _meta_init_skipped() -> Iterator[None]:
+    """torch.nn.init's functions return meta tensors untouched (every other tensor is initialised as usual, so
+    another thread building a real model meanwhile is unaffected). On meta they compute nothing anyway, but the
+    first meta normal_ of a process imports sympy (~2 s)."""
+    with _init_lock:
+        saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+
+        def skipping(fn: Any) -> Any:
+            return lambda t, *a, **k: t if t.is_meta else fn(t, *a, **k)
+
+        try:
+            for name, fn in saved.items():
+                setattr(torch.nn.init, name, skipping(fn))
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.nn.init, name, fn)
+
+
+def empty_model(cfg: GPTConfig | LlamaConfig) -> GPT | Llama:
+    """The model's module tree with every tensor on the meta device: shapes without memory or random values
+    (a loader fills it from a file; building a real 135M-parameter model spends seconds on an initialisation
+    the file overwrites)."""
+    with _meta_init_skipped(), torch.device("meta"):
+        return Llama(cfg) if isinstance(cfg, LlamaConfig) else GPT(cfg)
+
+
 def _check_and_load(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
+    """Fill `model` (an empty_model) from `state`: uninitialised memory, then every tensor copied in (so the
+    parameters own their memory, contiguous, in the model's dtype, not views of the file's mapping)."""
     expected = check_tensor_shapes(model, {k: tuple(v.shape) for k, v in state.items()}, where)
-    model.load_state_dict({k: state[k] for k in expected}, strict=False)  # tied heads fill via the embedding
+    model.to_empty(device="cpu")  # replaces the parameters: a tied head is tied again below
+    model.load_state_dict({k: state[k] for k in expected}, strict=False)
+    model.tie_weights()
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
@@ -197,7 +236,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
         raise ModelFormatError(f"{model_dir}: unsupported quantization {method!r} (only unquantised float weights "
                                "load; GGUF files import with `tinystack model import`)")
     if hf.get("model_type") in LLAMA_TYPES:
-        model: GPT | Llama = Llama(llama_config_from_hf(hf))
+        model: GPT | Llama = empty_model(llama_config_from_hf(hf))
         raw = _read_weights(model_dir)
         _check_and_load(model, raw, model_dir)
     else:
@@ -206,7 +245,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
         # Hugging Face's hub checkpoints name GPT2Model's tensors without the "transformer." prefix
         raw = {(k if k.startswith(("transformer.", "lm_head.")) else f"transformer.{k}"): v for k, v in raw.items()}
         raw = {k: (v.t() if k.endswith(_CONV1D_SUFFIXES) else v) for k, v in raw.items()}
-        model = GPT(cfg)
+        model = empty_model(cfg)
         _check_and_load(model, raw, model_dir / WEIGHTS_FILE)
     return model.to(device=device, dtype=dtype).eval()
 

@@ -162,13 +162,18 @@ class Llama(nn.Module):
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
         ))
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_weights()
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
+
+    def tie_weights(self) -> None:
+        """With tie_word_embeddings the head is the embedding matrix (one Parameter); again after the parameters
+        were replaced (model.io's loader)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def fuse_projections(self) -> None:
         """Fused QKV and gate/up projections in every layer (model/fused_linear.py): the same logits from fewer,
