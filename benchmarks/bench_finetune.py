@@ -51,7 +51,8 @@ from bench_common import RESULTS, ROOT, cpu_model, finish, machine
 from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.train.finetune import build_model
-from tinystack.train.loop import lm_loss, make_optimizer, train_model
+from tinystack.train.loop import make_optimizer, train_model
+from tinystack.train.loss import lm_loss
 
 SEQ = 256  # tokens per sequence unless --seq
 TARGET_STEP_OVERHEAD = 0.10
@@ -150,7 +151,7 @@ def trial(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, seed: i
 def bare_trial(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, seed: int, seq: int = SEQ,
                dtype: str = "float32") -> dict:
     """The anchor: the same model and batches through a bare forward/backward/clip/AdamW loop, in the precision
-    our run chose (bf16 autocast or float32) and with the same loss function (train.loop.lm_loss)."""
+    our run chose (bf16 autocast or float32) and with the same loss function (train.loss.lm_loss)."""
     torch.manual_seed(tcfg.seed)  # as train_model seeds before building (LoRA's random init)
     model = builder(ft)(model_dir).train()
     params = [p for p in model.parameters() if p.requires_grad]

@@ -49,7 +49,8 @@ from tinystack.config import load_config
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.tokenizer import CharTokenizer
 from tinystack.train.batches import BatchSampler, eval_batches
-from tinystack.train.loop import batches_loss, train_model
+from tinystack.train.loop import train_model
+from tinystack.train.loss import batches_loss
 from tinystack.train.plot import plot_loss_curve
 
 DATA = ROOT.parent / "shared/data/tinyshakespeare.txt"

@@ -15,7 +15,7 @@ from tinystack.model import load_model
 from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune_batches import ConversationBatches, encode_conversation, fixed_batches, pad_batch
 from tinystack.train.finetune_data import ConversationError, conversation_messages, prepare_conversations
-from tinystack.train.loop import IGNORE_INDEX, batches_loss
+from tinystack.train.loss import IGNORE_INDEX, batches_loss
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from tinystack.serve import create_app, run_in_background
 from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune import finetune
 from tinystack.train.finetune_batches import encode_conversation, fixed_batches
-from tinystack.train.loop import batches_loss
+from tinystack.train.loss import batches_loss
 
 transformers = pytest.importorskip("transformers")
 # nats per token the base model's own answers to general prompts may become less likely after fine-tuning

@@ -1,13 +1,13 @@
 """The training loss: train.cross_entropy against torch's F.cross_entropy on the upcast logits (value and
 gradient, ignored rows, across block boundaries, float32, bf16, float64 gradcheck); the head run only at
-positions with a target (loop.target_logits, the models' bool logit_index) gives the same loss and gradients."""
+positions with a target (loss.target_logits, the models' bool logit_index) gives the same loss and gradients."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig
 from tinystack.train import cross_entropy as ce
-from tinystack.train.loop import IGNORE_INDEX, lm_loss, target_logits
+from tinystack.train.loss import IGNORE_INDEX, lm_loss, target_logits
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -6,7 +6,7 @@ import torch
 from train_helpers import TINY, cfg, tokens
 
 from tinystack.train import NonFiniteLossError, load_checkpoint, train
-from tinystack.train import loop as train_loop  # its cross_entropy is the training loss (lm_loss)
+from tinystack.train import loss as train_loss  # its cross_entropy is the training loss (lm_loss)
 
 
 def _params(model):
@@ -36,7 +36,7 @@ def test_resume_is_bit_exact(tmp_path):
 def _train_until(data, ckpt_dir, log_path, stop_step):
     """Run a 20-step training with checkpoints every 5 steps and kill it (KeyboardInterrupt) during step `stop_step`."""
     calls = {"n": 0}
-    real = train_loop.cross_entropy
+    real = train_loss.cross_entropy
 
     def interrupting(*args, **kwargs):
         if torch.is_grad_enabled():  # training forward passes only, not val estimates
@@ -45,12 +45,12 @@ def _train_until(data, ckpt_dir, log_path, stop_step):
                 raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    train_loop.cross_entropy = interrupting
+    train_loss.cross_entropy = interrupting
     try:
         train(TINY, data, data, cfg(max_iters=20, ckpt_interval=5), progress=False, ckpt_dir=ckpt_dir,
               log_path=log_path)
     finally:
-        train_loop.cross_entropy = real
+        train_loss.cross_entropy = real
 
 
 def test_keeps_last_and_best(tmp_path):
@@ -64,7 +64,7 @@ def test_keeps_last_and_best(tmp_path):
 
 def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     data = tokens()
-    real, calls = train_loop.cross_entropy, {"n": 0}
+    real, calls = train_loss.cross_entropy, {"n": 0}
 
     def nan_after_7(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -74,13 +74,13 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(tmp_p
                 return out * float("nan")
         return out
 
-    monkeypatch.setattr(train_loop, "cross_entropy", nan_after_7)
+    monkeypatch.setattr(train_loss, "cross_entropy", nan_after_7)
     with pytest.raises(NonFiniteLossError, match="at step 7"):
         train(TINY, data, None, cfg(max_iters=20, ckpt_interval=3), progress=False, ckpt_dir=tmp_path)
     ckpt = load_checkpoint(tmp_path / "last.pt")
     assert ckpt["step"] == 6  # written after step index 5; step 7 failed before anything else was written
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
-    monkeypatch.setattr(train_loop, "cross_entropy", real)
+    monkeypatch.setattr(train_loss, "cross_entropy", real)
     _, result = train(TINY, data, None, cfg(max_iters=20, ckpt_interval=3), progress=False, ckpt_dir=tmp_path,
                       resume=True)  # and it is a usable checkpoint
     assert result.resumed_from == 6 and result.final_train_loss == result.final_train_loss

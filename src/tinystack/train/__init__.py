@@ -2,8 +2,9 @@
 
     tokenizer/shards.py wrote train.bin / val.bin (memory-mapped)
       -> batches.BatchSampler: seeded random windows; one global batch per step, sliced per rank / micro-batch
-      -> loop.train (PyTorch): GPT -> AdamW (decoupled decay) + nn.schedule.lr_at + clipping,
-         gradient accumulation, bf16/fp16 autocast (precision.py), torch.compile, DDP (distributed.py),
+      -> loop.train (PyTorch): GPT, loss.py (cross-entropy where a target is) -> AdamW (decoupled decay)
+         + nn.schedule.lr_at + clipping, gradient accumulation, bf16/fp16 autocast (precision.py),
+         torch.compile, DDP (distributed.py),
          checkpoints last.pt / best.pt with RNG + data position (checkpoint.py) -> bit-exact resume
       -> numpy_loop.train_numpy: the same steps on tinystack.nn's NumPy GPT (hand-written backward)
       -> a JSONL training log, a PNG loss curve (plot.py), a progress bar with loss, tokens/s and ETA
@@ -26,7 +27,7 @@ _EXPORTS = {
     "save_model_dir": "tinystack.train.checkpoint",
     "NonFiniteLossError": "tinystack.train.loop",
     "TrainResult": "tinystack.train.loop",
-    "estimate_loss": "tinystack.train.loop",
+    "estimate_loss": "tinystack.train.loss",
     "finetune": "tinystack.train.finetune",
     "inject_lora": "tinystack.train.lora",
     "merge_lora": "tinystack.train.lora",

@@ -173,7 +173,7 @@ def heldout_comparison(model: torch.nn.Module, base_dir: Path, val_batches: Any,
                        n: int) -> dict[str, Any]:
     """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches."""
     from tinystack.model.io import load_model
-    from tinystack.train.loop import batches_loss
+    from tinystack.train.loss import batches_loss
 
     if not val_batches:
         return {"conversations": 0, "assistant_tokens": 0, "base_loss": None, "finetuned_loss": None, "delta": None}

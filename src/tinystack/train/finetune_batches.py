@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from tinystack.infer.chat import ChatFormatter, encode_chat
-from tinystack.train.loop import IGNORE_INDEX
+from tinystack.train.loss import IGNORE_INDEX
 
 
 @dataclass

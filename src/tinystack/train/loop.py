@@ -45,10 +45,9 @@ from tinystack.progress import console
 from tinystack.train import precision
 from tinystack.train.batches import BatchSampler, eval_batches, get_batch
 from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
-from tinystack.train.cross_entropy import cross_entropy
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
+from tinystack.train.loss import batches_loss, lm_loss, target_logits, trim_targets
 
-IGNORE_INDEX = -1  # a target the loss skips (padding, prompt tokens); the models' own ignore_index
 _NO_DECAY = ("wte", "wpe", "embed_tokens")  # embeddings: GPT-2's, Llama's
 REFRESH_S = 1.0  # the progress bar's redraw interval (seconds)
 
@@ -88,8 +87,8 @@ class TrainResult:
         return asdict(self)
 
 
-__all__ = ["IGNORE_INDEX", "BatchSource", "NonFiniteLossError", "TrainResult", "batches_loss", "estimate_loss",
-           "get_batch", "make_optimizer", "target_logits", "train", "train_model"]
+__all__ = ["BatchSource", "NonFiniteLossError", "TrainResult", "get_batch", "make_optimizer", "train",
+           "train_model"]
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
@@ -107,55 +106,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     device = next(model.parameters()).device.type
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
                              fused=device in ("cpu", "cuda"))
-
-
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in the logits' precision, at least float32 (bf16/fp16 are upcast a block
-    of rows at a time: train.cross_entropy, F.cross_entropy's value without a float32 copy of the logits)."""
-    return cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), IGNORE_INDEX)
-
-
-def target_logits(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, their targets): the head (the largest matmul, and the softmax over the vocabulary after it) runs
-    only at positions with a target when some have none (a chat's prompt tokens), through the models'
-    `logit_index` mask; every position otherwise (pretraining)."""
-    keep = y != IGNORE_INDEX
-    if bool(keep.all()):
-        return model(x)[0], y
-    return model(x, logit_index=keep)[0], y[keep]
-
-
-def _trim(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut the trailing columns where no row has a target (padding): under a causal mask they change
-    nothing before them, so the loss is the same and the step cheaper. Token batches keep every column."""
-    has = (y != IGNORE_INDEX).any(dim=0)
-    last = int(has.nonzero().max()) + 1 if bool(has.any()) else y.size(1)
-    return (x[:, :last], y[:, :last]) if last < y.size(1) else (x, y)
-
-
-@torch.no_grad()
-def batches_loss(model: torch.nn.Module, batches: Sequence[tuple[np.ndarray, np.ndarray]], dtype: str,
-                 device: torch.device | str) -> tuple[float, int]:
-    """(mean loss per target token over all batches, number of target tokens); IGNORE_INDEX targets skipped."""
-    was_training = model.training
-    model.eval()
-    dev = torch.device(device)
-    total, count = 0.0, 0
-    for xb, yb in batches:
-        x, y = _trim(torch.from_numpy(xb).to(dev), torch.from_numpy(yb).to(dev))
-        with precision.autocast(dtype, dev.type):
-            logits, y_kept = target_logits(model, x, y)
-        n = int((y != IGNORE_INDEX).sum())
-        total += lm_loss(logits, y_kept).item() * n
-        count += n
-    model.train(was_training)
-    return (total / count if count else float("nan")), count
-
-
-def estimate_loss(model: GPT, tokens: np.ndarray, cfg: TrainConfig, device: torch.device) -> float:
-    """Mean loss over `eval_iters` fixed batches (`batches.eval_batches`), so estimates are comparable."""
-    return batches_loss(model, eval_batches(tokens, cfg.batch_size, model.config.block_size, cfg.eval_iters),
-                        cfg.dtype, device)[0]
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:
@@ -319,7 +269,8 @@ def _probe_precision(model: torch.nn.Module, sampler: BatchSource, cfg: TrainCon
     position = sampler.state_dict()
     x, y = sampler.sample(cfg.batch_size)
     sampler.load_state_dict(position)
-    dtype, record = precision.probe(model, *_trim(torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)), lm_loss)
+    x_t, y_t = trim_targets(torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev))
+    dtype, record = precision.probe(model, x_t, y_t, lm_loss)
     if info.enabled and mean_across_ranks(float(dtype != "float32"), info, str(dev)) < 1.0:
         dtype = record["chosen"] = "float32"
     return dtype, record
@@ -336,7 +287,7 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
     # the micro-batch losses are summed on the device and read once per step: one host sync, not one per micro-batch
     total, n_tokens = torch.zeros((), dtype=torch.float64, device=dev), 0
     for micro in range(A):
-        x, y = _trim(x_all[micro * B:(micro + 1) * B], y_all[micro * B:(micro + 1) * B])
+        x, y = trim_targets(x_all[micro * B:(micro + 1) * B], y_all[micro * B:(micro + 1) * B])
         n_tokens += x.numel()
         sync = micro == A - 1 or not info.enabled  # DDP all-reduces gradients only on the last micro-batch
         ctx = contextlib.nullcontext() if sync else model.no_sync()  # type: ignore[operator]
