@@ -41,6 +41,24 @@ def test_real_tensors_dequantise_bit_equal(smollm2_gguf):
     assert seen == {"Q8_0", "Q4_1", "F32"}
 
 
+def test_our_reader_sees_what_ggufs_own_reader_sees(smollm2_gguf):
+    """open_reader hands gguf.GGUFReader a plain view of its memory map (speed): every metadata field and
+    tensor must still be what the library's own reader parses, and the file stays read-only."""
+    gguf = pytest.importorskip("gguf")
+    from tinystack.model.gguf_model import open_reader
+
+    ours, ref = open_reader(smollm2_gguf), gguf.GGUFReader(smollm2_gguf)
+    assert list(ours.fields) == list(ref.fields)
+    for key, f in ref.fields.items():
+        g = ours.fields[key]
+        assert (g.offset, g.name, g.types, g.data) == (f.offset, f.name, f.types, f.data), key
+        assert len(g.parts) == len(f.parts) and all(np.array_equal(a, b) for a, b in zip(g.parts, f.parts)), key
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in ours.tensors] == [
+        (t.name, t.tensor_type, list(t.shape), t.data_offset) for t in ref.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(ours.tensors, ref.tensors))
+    assert not ours.tensors[0].data.flags.writeable
+
+
 def test_weights_equal_transformers_dequantisation(smollm2_dir, smollm2_reference):
     ours, theirs = load_model(smollm2_dir).state_dict(), smollm2_reference[0].state_dict()
     assert ours.keys() == theirs.keys()

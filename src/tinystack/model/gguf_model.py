@@ -69,13 +69,27 @@ def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def open_reader(path: Path):
-    """gguf.GGUFReader over `path` (memory-mapped), with one-line errors for a missing library or a bad file."""
+    """gguf.GGUFReader over `path` (memory-mapped), with one-line errors for a missing library or a bad file.
+
+    The reader slices its memory map once per metadata value, ~1 M times for a 49k-word vocabulary and its
+    merges, and each slice of numpy's memmap subclass runs Python hooks (__array_finalize__, __getitem__): 2-3x
+    the whole parse. So the reader is given a plain ndarray view of the same mapping (no copy; read-only)."""
     try:
         from gguf import GGUFReader
     except ImportError:
         raise ModelFormatError("reading GGUF needs the gguf package: pip install 'tinystack[gguf]'") from None
+
+    class PlainViewReader(GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, mapped: np.ndarray) -> None:
+            self._plain = np.asarray(mapped)  # memmap -> its base-class view: same pages, no subclass hooks
+
     try:
-        return GGUFReader(path)
+        return PlainViewReader(path)
     except (ValueError, OSError, IndexError, KeyError) as e:  # bad magic, truncated index, ...
         raise ModelFormatError(f"{path}: not a readable GGUF file ({e})") from None
 
