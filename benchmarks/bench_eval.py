@@ -1,6 +1,6 @@
 """Evaluation layer figures on the smoke pipeline's model and data.
 
-    python benchmarks/bench_eval.py [--config configs/smoke.toml] [--workdir DIR]
+    python benchmarks/bench_eval.py [--config configs/smoke.toml] [--set KEY=VALUE ...] [--workdir DIR]
 
 Trains (or reuses) the smoke model with `tinystack run --no-serve`, then measures:
   * window evaluation throughput (tokens/s) vs per-document scoring throughput, and the
@@ -69,13 +69,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=str(ROOT / "configs" / "smoke.toml"))
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "tinystack_bench_eval"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, repeatable")
     args = ap.parse_args()
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.set)
     work = Path(args.workdir)
-    run_pipeline(cfg, work, serve_demo=False)
+    run_pipeline(cfg, work, serve_demo=False, promote=False)  # measures; registers nothing in the registry
     model_dir, data_dir, tok_dir = work / "model", work / "data", work / "tokenizer"
     model, tok = load_model_dir(model_dir)
-    res: dict = {"config": args.config, "load_avg_start": os.getloadavg()[0], "torch_threads": torch.get_num_threads()}
+    res: dict = {"config": args.config, "overrides": args.set, "load_avg_start": os.getloadavg()[0],
+                 "torch_threads": torch.get_num_threads()}
 
     with torch_threads(cfg.eval.threads):  # windows vs per-document, with the threads the eval stage uses
         res["throughput_threads"] = torch.get_num_threads()

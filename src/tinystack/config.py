@@ -146,7 +146,7 @@ class EvalConfig:
     gen_prompts: list[str] = field(default_factory=list)  # generation checks; empty = run.demo_prompts
     gen_max_tokens: int = 32
     regression_cases: int = 16  # cases `tinystack run` builds from the held-out split
-    regression_tolerance: float = 0.05  # nats/token a case may worsen before it counts as a regression
+    regression_tolerance: float = 0.02  # nats per target byte a case may worsen before it counts as a regression
     threads: int = 0  # torch intra-op threads while evaluating (0 = torch's default; 1 when the cores are shared)
 
 

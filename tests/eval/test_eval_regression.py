@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from tinystack.eval.commands import app
 from tinystack.eval.gate import run_regression
 from tinystack.eval.regression import Case, build_cases, load_cases, run_case, write_cases
+from tinystack.eval.scoring import target_nats
 from tinystack.model.io import load_model, save_model
 from tinystack.tokenizer import BPETokenizer
 
@@ -47,6 +48,18 @@ def test_built_cases_are_valid_and_the_trained_model_passes_them(toy_model_dir, 
     assert load_cases(tmp_path / "cases.jsonl") == cases
     result = run_regression(toy_model_dir, cases)
     assert result["summary"]["new_passed"] == len(cases), result["new"]["cases"]
+
+
+def test_a_uniform_guess_bar_is_stored_per_byte_of_each_target(toy_model_dir, toy_rng_doc):
+    import random
+
+    tok = BPETokenizer.load(toy_model_dir)
+    records = [{"text": toy_rng_doc[0](random.Random(3), 4), "id": f"d{i}"} for i in range(8)]
+    cases = build_cases(records, 5, threshold=math.log(300), tokenizer=tok, max_target_tokens=64)
+    assert len(cases) == 5
+    for c in cases:  # ln(V) a token = ln(V) x tokens / bytes a byte: what a uniform guess scores on this target
+        per_byte = math.log(300) * len(tok.encode_ordinary(c.target)) / len(c.target.encode("utf-8"))
+        assert c.threshold == pytest.approx(per_byte, abs=1e-4) and c.threshold < math.log(300)
 
 
 def test_gate_passes_on_the_same_model_and_fails_on_a_perturbed_one(toy_model_dir, perturbed_dir, toy_rng_doc):
@@ -90,7 +103,11 @@ def test_case_kinds(toy_model_dir):
     assert run_case(model, tok, Case(id="c", prompt="the big cat", expect="contains", target=text[2:6]))["passed"]
     lp = run_case(model, tok, Case(id="l", prompt="the big cat sees", expect="min_logprob", target=" the",
                                    threshold=-1e9))
-    assert lp["passed"] and lp["detail"]["logprob"] == pytest.approx(-lp["score"] * lp["detail"]["target_tokens"])
+    # scored per UTF-8 byte of the target, not per token: the scale a retrained tokenizer does not change
+    assert lp["detail"]["target_bytes"] == 4 and lp["detail"]["target_tokens"] >= 1
+    assert lp["passed"] and lp["detail"]["logprob"] == pytest.approx(-lp["score"] * 4)
+    nats = target_nats(model, [tok.eos_token_id, *tok.encode_ordinary("the big cat sees")], tok.encode_ordinary(" the"))
+    assert lp["score"] == pytest.approx(float(nats.sum()) / 4)
     strict = run_case(model, tok, Case(id="m", prompt="the big cat sees", expect="max_loss", target=" the",
                                        threshold=lp["score"] - 1e-6))
     assert not strict["passed"]

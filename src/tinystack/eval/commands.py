@@ -1,7 +1,7 @@
 """`tinystack eval`: offline metrics of a model directory, and `tinystack eval regress`, the regression gate.
 
     tinystack eval --model DIR --data DIR [--tokens DIR] [--out eval.json]
-    tinystack eval regress --model NEW --baseline OLD --cases FILE [--regression-tolerance 0.05] [--data DIR]
+    tinystack eval regress --model NEW --baseline OLD --cases FILE [--regression-tolerance 0.02] [--data DIR]
 
 `app` is a typer group whose callback is the plain `eval` (it runs when no
 subcommand is given); the CLI mounts it with `app.add_typer(eval_app, name="eval")`.

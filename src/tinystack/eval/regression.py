@@ -11,11 +11,14 @@ A case is one JSON line:
     not_contains    `target` (a forbidden string) does not occur in it        0 / 1
     regex           re.search(target, greedy continuation) matches            0 / 1
     max_repetition  share of repeated 4-gram tokens in it <= threshold        that share (0..1)
-    max_loss        mean nats/token of `target` after `prompt` <= threshold   that mean loss
-    min_logprob     total log-probability of `target` >= threshold            that mean loss
+    max_loss        nats per UTF-8 byte of `target` after `prompt` <= threshold    that loss
+    min_logprob     total log-probability of `target` >= threshold              that loss
 
-Loss-type cases score as mean nats per target token, so `tolerance` (nats/token)
-means the same for both. Comparing a NEW model with a BASELINE, a case *regresses*
+Loss-type cases score as nats per byte of the target (its total negative log-probability over its
+UTF-8 bytes), so `tolerance` (nats/byte) means the same for both, and the score does not depend on
+the tokenizer: a candidate whose tokenizer was retrained on new data is compared with the current
+model on the same scale (per token, a tokenizer with longer tokens scores worse on the same text).
+Comparing a NEW model with a BASELINE, a case *regresses*
 when it passed on the baseline and fails on the new model, or when its score got
 worse by more than its tolerance; the mean score of the loss-type cases is gated
 the same way. Greedy decoding and fixed prompts make a run deterministic.
@@ -93,9 +96,10 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
     """max_loss cases from held-out records: the start of a document as prompt, what follows as target.
 
     Records are taken evenly spaced (deterministic); the cut falls on a space so the
-    target starts a word. `threshold` is the loss a case must beat (e.g. ln(vocab), a
-    uniform guess). With a tokenizer, targets are shortened to `max_target_tokens`
-    tokens so they fit the model's context.
+    target starts a word. `threshold` is the loss a case must beat in nats per token (e.g.
+    ln(vocab), a uniform guess), stored per byte of each target: threshold x its tokens / its
+    bytes (one token a byte without a tokenizer). With a tokenizer, targets are also shortened
+    to `max_target_tokens` tokens so they fit the model's context.
     """
     usable = [r for r in records if len(r["text"]) >= 2 * target_chars]
     if not usable or n_cases <= 0:
@@ -112,18 +116,21 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
             target = target[:-1]
         cid = f"{prefix}-{usable[i].get('id', i)}"
         cid = cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique
-        cases.append(Case(id=cid, prompt=text[:cut],
-                          expect="max_loss", target=target, threshold=round(threshold, 4)))
+        n_tokens = len(tokenizer.encode_ordinary(target)) if tokenizer is not None else len(target.encode("utf-8"))
+        per_byte = threshold * n_tokens / max(1, len(target.encode("utf-8")))
+        cases.append(Case(id=cid, prompt=text[:cut], expect="max_loss", target=target, threshold=round(per_byte, 4)))
     return cases
 
 
 def _loss_case(model: GPT, tokenizer: Any, case: Case, device: str) -> dict[str, Any]:
     context = [tokenizer.eos_token_id, *tokenizer.encode_ordinary(case.prompt)]
     nats = target_nats(model, context, tokenizer.encode_ordinary(case.target), device=device)
-    loss, logprob = float(nats.mean()), -float(nats.sum())
+    n_bytes = max(1, len(case.target.encode("utf-8")))
+    logprob = -float(nats.sum())
+    loss = -logprob / n_bytes
     passed = loss <= case.threshold if case.expect == "max_loss" else logprob >= case.threshold
     return {"id": case.id, "expect": case.expect, "passed": bool(passed), "score": loss,
-            "detail": {"loss": loss, "logprob": logprob, "target_tokens": len(nats)}}
+            "detail": {"loss": loss, "logprob": logprob, "target_tokens": len(nats), "target_bytes": n_bytes}}
 
 
 def _generation_case(case: Case, text: str, ids: list[int]) -> dict[str, Any]:
@@ -181,7 +188,7 @@ def generation_cases(prompts: Sequence[str], *, max_tokens: int = 32, max_repeti
 def calibrate(cases: Sequence[Case], results: dict[str, Any], tolerance: float,
               repetition_margin: float = 0.1) -> list[Case]:
     """Cases whose thresholds come from a reference model's `results` (run_cases): a loss case's bar becomes
-    that model's loss + `tolerance` (min_logprob: its log-probability - tolerance x tokens), a repetition
+    that model's loss + `tolerance` (min_logprob: its log-probability - tolerance x bytes), a repetition
     case's its share + `repetition_margin` (capped at its current bar); pass/fail cases stay as they are."""
     by_id = {r["id"]: r for r in results["cases"]}
     out = []
@@ -190,7 +197,7 @@ def calibrate(cases: Sequence[Case], results: dict[str, Any], tolerance: float,
         if c.expect == "max_loss":
             c = replace(c, threshold=round(r["score"] + tolerance, 4))
         elif c.expect == "min_logprob":
-            c = replace(c, threshold=round(r["detail"]["logprob"] - tolerance * r["detail"]["target_tokens"], 4))
+            c = replace(c, threshold=round(r["detail"]["logprob"] - tolerance * r["detail"]["target_bytes"], 4))
         elif c.expect == "max_repetition":
             c = replace(c, threshold=round(min(c.threshold, r["score"] + repetition_margin), 4))
         out.append(c)
@@ -198,7 +205,7 @@ def calibrate(cases: Sequence[Case], results: dict[str, Any], tolerance: float,
 
 
 def compare(new: dict[str, Any], baseline: dict[str, Any], cases: Sequence[Case],
-            tolerance: float = 0.05) -> dict[str, Any]:
+            tolerance: float = 0.02) -> dict[str, Any]:
     """Case-by-case table of NEW vs BASELINE; `regressed` is True when anything got worse beyond tolerance."""
     base_by_id = {r["id"]: r for r in baseline["cases"]}
     rows = []

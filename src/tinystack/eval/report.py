@@ -121,7 +121,7 @@ def _regression_section(reg: dict[str, Any]) -> Section:
         sec = Section("Regression set", headers=["case", "expect", "baseline", "new", "delta", "verdict"])
         verdict = "REGRESSED." if s["regressed"] else "no regression."
         sec.text.append(f"Against baseline {s['baseline']}: {s['better']} better, {s['worse']} worse, "
-                        f"{s['same']} same (tolerance {s['tolerance']} nats/token); " + verdict)
+                        f"{s['same']} same (tolerance {s['tolerance']} nats/byte); " + verdict)
         for r in reg["rows"]:
             sec.rows.append([r["id"], r["expect"], _f(r["baseline"]), _f(r["new"]), f"{r['delta']:+.3f}", r["verdict"]])
         if gate:

@@ -66,7 +66,7 @@ def print_regression(console: Console, result: dict[str, Any]) -> None:
         mean = (f", mean loss {s['baseline_mean_loss']:.3f} -> {s['new_mean_loss']:.3f}"
                 if s.get("new_mean_loss") is not None and s.get("baseline_mean_loss") is not None else "")
         console.print(f"regression: {s['better']} better, {s['worse']} worse, {s['same']} same "
-                      f"(tolerance {s['tolerance']} nats/token){mean}; passed {s['baseline_passed']} -> "
+                      f"(tolerance {s['tolerance']} nats/byte){mean}; passed {s['baseline_passed']} -> "
                       f"{s['new_passed']} of {s['total']}" + (" [red]REGRESSED[/]" if s["regressed"] else ""))
     else:
         console.print(f"regression: {s['new_passed']} of {s['total']} cases pass (no baseline to compare with)")
