@@ -146,7 +146,7 @@ def _plot(gate: list[dict], tol: float, path: Path) -> None:
     ax.set_xscale("symlog", linthresh=0.002)
     ax.set_xlim(0, max(xs) * 1.2)
     ax.set_xlabel("weight noise sigma")
-    ax.set_ylabel("nats/token")
+    ax.set_ylabel("nats per target byte")
     ax.set_title("regression gate vs deliberate weight perturbation")
     ax.legend(fontsize=8)
     fig.tight_layout()
