@@ -37,8 +37,9 @@ def build_heldout_cases(model_dir: Path, data_dir: Path, n_cases: int) -> list[C
 
 
 def run_regression(model_dir: Path, cases: Sequence[Case], baseline_dir: Path | None = None, *,
-                   tolerance: float = 0.02, device: str = "cpu", data_dir: Path | None = None,
-                   metric_tolerance: float = 0.01, eval_cfg: EvalConfig | None = None) -> dict[str, Any]:
+                   tolerance: float = EvalConfig.regression_tolerance, device: str = "cpu",
+                   data_dir: Path | None = None, metric_tolerance: float = 0.01,
+                   eval_cfg: EvalConfig | None = None) -> dict[str, Any]:
     """{"model", "new": per-case results, "baseline"?, "rows"?, "summary"}.
 
     With a baseline, `rows` compares every case, plus (with `data_dir`) the val/test bits

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tinystack.atomic import atomic_open
+from tinystack.config import EvalConfig
 from tinystack.eval.generation import complete, repetition_rate
 from tinystack.eval.scoring import target_nats
 from tinystack.model.gpt import GPT
@@ -116,9 +117,10 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
             target = target[:-1]
         cid = f"{prefix}-{usable[i].get('id', i)}"
         cid = cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique
-        n_tokens = len(tokenizer.encode_ordinary(target)) if tokenizer is not None else len(target.encode("utf-8"))
-        per_byte = threshold * n_tokens / max(1, len(target.encode("utf-8")))
-        cases.append(Case(id=cid, prompt=text[:cut], expect="max_loss", target=target, threshold=round(per_byte, 4)))
+        n_bytes = max(1, len(target.encode("utf-8")))
+        n_tokens = len(tokenizer.encode_ordinary(target)) if tokenizer is not None else n_bytes
+        cases.append(Case(id=cid, prompt=text[:cut], expect="max_loss", target=target,
+                          threshold=round(threshold * n_tokens / n_bytes, 4)))
     return cases
 
 
@@ -205,7 +207,7 @@ def calibrate(cases: Sequence[Case], results: dict[str, Any], tolerance: float,
 
 
 def compare(new: dict[str, Any], baseline: dict[str, Any], cases: Sequence[Case],
-            tolerance: float = 0.02) -> dict[str, Any]:
+            tolerance: float = EvalConfig.regression_tolerance) -> dict[str, Any]:
     """Case-by-case table of NEW vs BASELINE; `regressed` is True when anything got worse beyond tolerance."""
     base_by_id = {r["id"]: r for r in baseline["cases"]}
     rows = []
