@@ -2,7 +2,7 @@
 
     no cache (training, a full forward):  q [B, nh, T, hd], k/v [B, nkv, T, hd]
         -> scaled_dot_product_attention, the causal triangle (grouped-query: nkv may divide nh);
-        under CPU autocast in float32 (see below)
+        under CPU autocast in float32 (see below), the result too
     a cache (the inference engine):      kv_cache.attend(layer, q, k, v) -> y
         the cache stores the new keys/values and attends each query over its own sequence's
         history; it knows where each sequence's tokens sit, the model does not
@@ -28,10 +28,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: i
                      kv_cache: KVCache | None = None, dropout_p: float = 0.0) -> torch.Tensor:
     if kv_cache is not None:
         return kv_cache.attend(layer, q, k, v)
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and q.dtype != torch.float32:
-        # bf16 training on CPU: attention in float32. The projections around it keep autocast's bf16
-        # matmuls, but torch's CPU flash-attention backward in bf16 ran ~9x slower than in float32
-        # (T=64, head 32, profiled on a Xeon with AMX), and softmax/exp are where bf16 loses accuracy.
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        # bf16 training on CPU: attention in float32 (q, k, v may come in float32 already: model.fused_ops).
+        # The projections around it keep autocast's bf16 matmuls, but torch's CPU flash-attention backward
+        # in bf16 ran ~9x slower than in float32 (T=64, head 32, profiled on a Xeon with AMX), and
+        # softmax/exp are where bf16 loses accuracy.
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
                                                   dropout_p=dropout_p, enable_gqa=k.size(1) != q.size(1))

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from tinystack.model import fused_ops
 from tinystack.model.attention import KVCache, causal_attention
 from tinystack.model.fused_linear import fuse_rows
 from tinystack.model.gpt import select_positions
@@ -65,6 +66,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # in float32, as Hugging Face does, so bfloat16 models normalise the same way; one fused kernel
+        if self.weight.dtype == torch.float32 and fused_ops.active(x):
+            return fused_ops.rms_norm(x, self.weight, self.eps)  # bf16 out: only matmuls read a norm's output
         if x.dtype == self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
@@ -108,6 +111,13 @@ class Attention(nn.Module):
                 kv_cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
         c = self.cfg
+        if self.fused and kv_cache is None and fused_ops.active(x):  # bf16 training: one pass each way
+            qkv = self.qkv_proj(x).view(B, T, c.n_head + 2 * c.n_kv_head, c.head_dim)
+            q, k, v = fused_ops.rope_split(qkv, cos, sin, c.n_head, c.n_kv_head)  # float32 [B, heads, T, hd]
+            y = causal_attention(q, k, v, self.layer_idx)  # float32 [B, nh, T, hd]
+            # heads back side by side, cast to bf16 in the same pass (the o_proj matmul would cast it)
+            y = y.transpose(1, 2).to(torch.bfloat16, memory_format=torch.contiguous_format)
+            return self.o_proj(y.view(B, T, c.n_head * c.head_dim))
         if self.fused:
             qkv = self.qkv_proj(x).view(B, T, c.n_head + 2 * c.n_kv_head, c.head_dim)
             q, k = apply_rotary(qkv[:, :, :c.n_head + c.n_kv_head], cos, sin).split([c.n_head, c.n_kv_head], dim=2)
@@ -133,6 +143,8 @@ class MLP(nn.Module):
         self.fused = self.fused or fuse_rows(self, ["gate_proj", "up_proj"], "gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and fused_ops.active(x):
+            return self.down_proj(fused_ops.swiglu(self.gate_up_proj(x)))
         if self.fused:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)

@@ -24,15 +24,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import hashlib
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from tinystack import native
 from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
 
 PATHS = ("avx512", "cpp", "torch")
@@ -45,19 +44,9 @@ _HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "pool.h")]
 @functools.lru_cache(maxsize=1)
 def extension():
     """The compiled C++ module, or None (with one warning) where it cannot be built."""
-    from torch.utils import cpp_extension
-
-    # the name carries a hash of the sources: two versions (say, two checkouts) never rebuild over each other
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)).hexdigest()[:10]
-    try:
-        # -ffp-contract=off: no fused multiply-adds in the packer, whose rounding must match llama.cpp's
-        return cpp_extension.load(name=f"tinystack_quant_kernels_{digest}", sources=[str(p) for p in _SOURCES],
-                                  extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off"], extra_ldflags=["-fopenmp"])
-    except Exception as e:  # no compiler / ninja / headers: the float fallback still gives right answers
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        warnings.warn(f"tinystack: quantised-matmul kernels unavailable ({first[:160]}); using the slower torch path",
-                      RuntimeWarning, stacklevel=2)
-        return None
+    # -ffp-contract=off: no fused multiply-adds in the packer, whose rounding must match llama.cpp's
+    return native.build("tinystack_quant_kernels", _SOURCES, _HEADERS,
+                        cflags=["-O3", "-fopenmp", "-ffp-contract=off"], ldflags=["-fopenmp"])
 
 
 @functools.lru_cache(maxsize=1)
