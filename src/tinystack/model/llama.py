@@ -10,7 +10,8 @@ Parameter names are Hugging Face's (`model.layers.0.self_attn.q_proj.weight`, ..
 checkpoint's safetensors load by name with no renaming. The forward signature and the
 KV-cache interface are the GPT's: `forward(idx, targets, kv_cache, positions, logit_index)`.
 `fuse_projections()` turns q/k/v into one qkv_proj and gate/up into one gate_up_proj (model/fused_linear.py:
-same logits, fewer matmuls, state_dict names unchanged); the engine and the trainer call it.
+same logits, fewer matmuls, state_dict names unchanged); the engine and the trainer call it. Under CPU bf16
+autocast (training) a fused model's norms, rotary + q/k/v split and SwiGLU run as model/fused_ops' C++ passes.
 """
 from __future__ import annotations
 
