@@ -1,18 +1,24 @@
 """The training loss: train.cross_entropy against torch's F.cross_entropy on the upcast logits (value and
-gradient, ignored rows, across block boundaries, float32, bf16, float64 gradcheck); the head run only at
+gradient, ignored rows, float32, bf16, float64 gradcheck), by the C++ rows (model/fused_ops.cpp) and by blocks of
+rows (across block boundaries); the head run only at
 positions with a target (loss.target_logits, the models' bool logit_index) gives the same loss and gradients."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig
+from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, fused_ops
 from tinystack.train import cross_entropy as ce
 from tinystack.train.loss import IGNORE_INDEX, lm_loss, target_logits
 
+PATHS = ["native", "blocks"] if fused_ops.extension() is not None else ["blocks"]
 
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_torch_value_and_gradient(dtype, monkeypatch):
+def test_matches_torch_value_and_gradient(dtype, path, monkeypatch):
     monkeypatch.setattr(ce, "BLOCK_BYTES", 4 * 97 * 3)  # 3 rows per block: 11 rows cross several boundaries
+    if path == "blocks":
+        monkeypatch.setattr(ce, "_native", lambda logits: False)
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(11, 97, generator=g) * 4).to(dtype).requires_grad_(True)
     targets = torch.randint(0, 97, (11,), generator=g)
@@ -29,6 +35,27 @@ def test_matches_torch_value_and_gradient(dtype, monkeypatch):
     assert torch.allclose(got.float(), logits.grad.float(), rtol=0, atol=1e-6 if dtype == torch.float32 else 4e-3)
     assert not got[[1, 5, 10]].any()
     assert torch.equal(logits.detach(), before)  # the blocks are copies: the logits themselves are never written
+
+
+@pytest.mark.skipif(fused_ops.extension() is None, reason="needs the C++ extension (a C++ compiler)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_rows_at_a_real_vocabulary_and_extreme_logits(dtype):
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(7, 49_152, generator=g) * 6).to(dtype)
+    logits[0, :100] = 80.0  # exp would overflow without the max subtracted
+    logits[1] = -1e4  # a flat, very negative row
+    logits[2, 5] = float("-inf")  # a word the model rules out
+    logits.requires_grad_(True)
+    targets = torch.tensor([3, 17, 4, -1, 49_151, 0, 12])
+    ours = ce.cross_entropy(logits, targets, -1)
+    ours.backward()
+    got = logits.grad
+    logits.grad = None
+    ref = F.cross_entropy(logits.float(), targets, ignore_index=-1)
+    ref.backward()
+    assert torch.allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(got.float(), logits.grad.float(), rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-4)
+    assert torch.isfinite(got).all() and not got[3].any() and got[2, 5] == 0
 
 
 def test_gradcheck_float64_and_all_ignored_is_nan():

@@ -10,11 +10,15 @@ zero-fills a float32 gradient, writes the log-softmax backward and casts that ba
 over 200 MB, 0.7 s of a 3.5 s LoRA step (one thread, Xeon). Here each block of rows is upcast while it sits in
 cache, the forward keeps only one log-sum-exp per row, and the backward recomputes the softmax of the block
 and writes the gradient once, in the logits' own dtype: about three passes. Full fine-tuning and LoRA both
-gain; neither needs the float32 copy of the logits.
+gain; neither needs the float32 copy of the logits. On CPU, for bf16 or float32 logits, the per-row work is one
+C++ loop each way (model/fused_ops.cpp: `logsumexp_rows`, `cross_entropy_grad`): one read of the logits
+forward, one read and one write backward; the blocks below serve the rest (float64, CUDA, no compiler).
 """
 from __future__ import annotations
 
 import torch
+
+from tinystack.model import fused_ops
 
 BLOCK_BYTES = 1 << 21  # float32 rows per block: ~2 MiB, so a block stays in L2 between its passes
 
@@ -34,10 +38,13 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         cdt = _compute_dtype(logits.dtype)
         valid = targets != ignore_index
         safe = torch.where(valid, targets, 0)
-        lse = torch.empty(n, dtype=cdt, device=logits.device)
-        step = _rows_per_block(vocab)
-        for i in range(0, n, step):
-            lse[i:i + step] = torch.logsumexp(logits[i:i + step].to(cdt), dim=1)
+        if _native(logits):
+            lse = fused_ops.extension().logsumexp_rows(logits)
+        else:
+            lse = torch.empty(n, dtype=cdt, device=logits.device)
+            step = _rows_per_block(vocab)
+            for i in range(0, n, step):
+                lse[i:i + step] = torch.logsumexp(logits[i:i + step].to(cdt), dim=1)
         picked = logits.gather(1, safe[:, None]).squeeze(1).to(cdt)
         count = valid.sum()
         loss = ((lse - picked) * valid).sum() / count
@@ -50,6 +57,8 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         n, vocab = logits.shape
         cdt = lse.dtype
         scale = (g.to(cdt) / count) * valid  # per row: 0 where the target is ignored
+        if _native(logits):
+            return fused_ops.extension().cross_entropy_grad(logits, safe, lse, scale), None, None
         grad = torch.empty_like(logits)
         step = _rows_per_block(vocab)
         rows = torch.arange(n, device=logits.device)
@@ -59,6 +68,11 @@ class _BlockedCrossEntropy(torch.autograd.Function):
             p[rows[: j - i], safe[i:j]] -= 1.0
             grad[i:j] = p.mul_(scale[i:j, None])
         return grad, None, None
+
+
+def _native(logits: torch.Tensor) -> bool:
+    return (logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float32)
+            and fused_ops.extension() is not None)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
