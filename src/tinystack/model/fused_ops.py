@@ -7,6 +7,7 @@
                                    qkv bf16 [B, T, hq + 2 hk, D] -> q, k, v float32 [B, heads, T, D]: q and k
                                    rotated (model/llama.rotary_table's signed sin), in attention's layout
     swiglu(gu)                     gu bf16 [..., 2 I] = [gate | up] -> bf16 silu(gate) * up
+    extension().logsumexp_rows / cross_entropy_grad   the training loss's rows (train/cross_entropy.py)
 
 Why: under autocast the matmuls are bf16 but each step between them was several PyTorch ops, each a pass
 over a whole activation in float32 (RMSNorm's backward alone is six). Each function here is one pass
