@@ -213,9 +213,11 @@ class Llama(nn.Module):
         """lm_head(h). A frozen head under CPU bf16 autocast (LoRA: the tied 49,152 x 576 embedding) multiplies
         with a bf16 copy made once (again only when the weight changes): autocast would re-cast it every step,
         as it keeps casts only of weights that train."""
-        w = self.lm_head.weight
-        if w.requires_grad or self.lm_head.bias is not None or not fused_ops.active(h):
-            return self.lm_head(h)
+        head = self.lm_head
+        if type(head) is not nn.Linear or head.weight.requires_grad or head.bias is not None \
+                or not fused_ops.active(h):  # (a quantised head, QuantLinear, has no float weight)
+            return head(h)
+        w = head.weight
         key = (w.data_ptr(), w._version, w.device)
         cached = self.__dict__.get("_frozen_head")
         if cached is None or cached[0] != key:
