@@ -7,13 +7,19 @@
 torch.utils.cpp_extension compiles the sources (needs a C++ compiler and ninja) and caches the library under
 ~/.cache/torch_extensions; the module's name carries a hash of the sources and headers, so two versions (two
 checkouts, an edited kernel) never load or rebuild over each other. Callers keep a float path for None.
+A load that takes longer than NOTICE_AFTER_S (a compile, not a cached library) says so on stderr while it
+runs, so the first fine-tune or quantised model on a machine does not sit silent for half a minute.
 """
 from __future__ import annotations
 
 import hashlib
+import sys
+import threading
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+
+NOTICE_AFTER_S = 2.0  # a cached library loads in well under a second; a compile takes 20-40 s
 
 
 def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cflags: Sequence[str] = (),
@@ -24,6 +30,11 @@ def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cfla
     from torch.utils import cpp_extension
 
     digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in [*sources, *headers])).hexdigest()[:10]
+    notice = threading.Timer(NOTICE_AFTER_S, lambda: print(
+        f"tinystack: compiling the C++ extension {name} (first use with these sources; cached afterwards)",
+        file=sys.stderr, flush=True))
+    notice.daemon = True
+    notice.start()
     try:
         module = cpp_extension.load(name=f"{name}_{digest}", sources=[str(p) for p in sources],
                                     extra_cflags=list(cflags), extra_ldflags=list(ldflags),
@@ -34,3 +45,5 @@ def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cfla
         warnings.warn(f"tinystack: C++ extension {name} unavailable ({first[:160]}); using the slower torch path",
                       RuntimeWarning, stacklevel=3)
         return None
+    finally:
+        notice.cancel()
