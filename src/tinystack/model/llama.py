@@ -209,22 +209,6 @@ class Llama(nn.Module):
         cos, sin = self.rope_tables(positions.device)
         return cos[positions][:, :, None], sin[positions][:, :, None]
 
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        """lm_head(h). A frozen head under CPU bf16 autocast (LoRA: the tied 49,152 x 576 embedding) multiplies
-        with a bf16 copy made once (again only when the weight changes): autocast would re-cast it every step,
-        as it keeps casts only of weights that train."""
-        head = self.lm_head
-        if type(head) is not nn.Linear or head.weight.requires_grad or head.bias is not None \
-                or not fused_ops.active(h):  # (a quantised head, QuantLinear, has no float weight)
-            return head(h)
-        w = head.weight
-        key = (w.data_ptr(), w._version, w.device)
-        cached = self.__dict__.get("_frozen_head")
-        if cached is None or cached[0] != key:
-            cached = self.__dict__["_frozen_head"] = (key, w.detach().to(torch.bfloat16))
-        with torch.autocast("cpu", enabled=False):
-            return F.linear(h.to(torch.bfloat16), cached[1])
-
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -247,7 +231,7 @@ class Llama(nn.Module):
             x = block(x, cos, sin, kv_cache)
         if logit_index is not None:
             x = select_positions(x, logit_index)
-        logits = self._head(self.model.norm(x))
+        logits = self.lm_head(self.model.norm(x))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
