@@ -4,6 +4,7 @@
     LlamaConfig -> Llama (llama.py)      the Llama family (RMSNorm, RoPE, SwiGLU, GQA; Qwen2 QKV bias)
     attention.py                         causal attention over an optional KV cache, shared by both
     fused_ops.py (+ fused_ops.cpp)       Llama's norm / rotary / SwiGLU as one C++ pass each way (bf16 training)
+    fused_attention.py (+ .cpp)          causal attention for bf16 training: bf16 matmuls, C++ softmax passes
     GPT <-> model_dir/ (io.py)           config.json + model.safetensors + tokenizer.json + tinystack.json
     HF Llama-family dir -> Llama (io.py) the same load_model, dispatched on model_type
     GGUF / HF dir / name -> model_dir/   `tinystack model import` (importer.py; GGUF: gguf_model.py,

@@ -2,7 +2,8 @@
 
     no cache (training, a full forward):  q [B, nh, T, hd], k/v [B, nkv, T, hd]
         -> scaled_dot_product_attention, the causal triangle (grouped-query: nkv may divide nh);
-        under CPU autocast in float32 (see below), the result too
+        under CPU bf16 autocast model/fused_attention's bf16 path where it serves (result bf16),
+        else in float32 (see below), the result too
     a cache (the inference engine):      kv_cache.attend(layer, q, k, v) -> y
         the cache stores the new keys/values and attends each query over its own sequence's
         history; it knows where each sequence's tokens sit, the model does not
@@ -17,6 +18,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from tinystack.model import fused_attention
+
 
 class KVCache(Protocol):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -29,8 +32,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: i
     if kv_cache is not None:
         return kv_cache.attend(layer, q, k, v)
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        # bf16 training on CPU: attention in float32 (q, k, v may come in float32 already: model.fused_ops).
-        # The projections around it keep autocast's bf16 matmuls, but torch's CPU flash-attention backward
+        if dropout_p == 0.0 and fused_attention.serves(q, k):  # bf16 products, float32 softmax, one pass each
+            with torch.autocast("cpu", enabled=False):
+                return fused_attention.attention(q, k, v)
+        # otherwise attention in float32 (q, k, v may come in float32 already: model.fused_ops). The
+        # projections around it keep autocast's bf16 matmuls, but torch's CPU flash-attention backward
         # in bf16 ran ~9x slower than in float32 (T=64, head 32, profiled on a Xeon with AMX), and
         # softmax/exp are where bf16 loses accuracy.
         with torch.autocast("cpu", enabled=False):

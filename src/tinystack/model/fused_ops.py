@@ -25,14 +25,15 @@ import torch
 
 from tinystack import native
 
-_SOURCE = Path(__file__).with_name("fused_ops.cpp")
+_HERE = Path(__file__).parent
+_SOURCES = [_HERE / "fused_ops.cpp", _HERE / "fused_attention.cpp"]
 
 
 @functools.lru_cache(maxsize=1)
 def extension():
     """The compiled kernels, or None (one warning) where no C++ compiler can build them."""
-    return native.build("tinystack_fused_ops", [_SOURCE], cflags=["-O3", "-fno-trapping-math", "-fopenmp"],
-                        ldflags=["-fopenmp"], ops="tinystack_train")
+    return native.build("tinystack_fused_ops", _SOURCES, [_HERE / "fused_ops.h"],
+                        cflags=["-O3", "-fno-trapping-math", "-fopenmp"], ldflags=["-fopenmp"], ops="tinystack_train")
 
 
 def active(x: torch.Tensor) -> bool:

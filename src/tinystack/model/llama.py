@@ -115,9 +115,10 @@ class Attention(nn.Module):
         if self.fused and kv_cache is None and fused_ops.active(x):  # bf16 training: one pass each way
             qkv = self.qkv_proj(x).view(B, T, c.n_head + 2 * c.n_kv_head, c.head_dim)
             q, k, v = fused_ops.rope_split(qkv, cos, sin, c.n_head, c.n_kv_head)  # float32 [B, heads, T, hd]
-            y = causal_attention(q, k, v, self.layer_idx)  # float32 [B, nh, T, hd]
+            y = causal_attention(q, k, v, self.layer_idx).transpose(1, 2)  # [B, T, nh, hd], bf16 or float32
             # heads back side by side, cast to bf16 in the same pass (the o_proj matmul would cast it)
-            y = y.transpose(1, 2).to(torch.bfloat16, memory_format=torch.contiguous_format)
+            bf16 = torch.bfloat16
+            y = y.contiguous() if y.dtype == bf16 else y.to(bf16, memory_format=torch.contiguous_format)
             return self.o_proj(y.view(B, T, c.n_head * c.head_dim))
         if self.fused:
             qkv = self.qkv_proj(x).view(B, T, c.n_head + 2 * c.n_kv_head, c.head_dim)
