@@ -5,6 +5,7 @@ import torch
 from train_helpers import cfg
 
 from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, load_model, save_model
+from tinystack.train import lora as lora_module
 from tinystack.train.loop import make_optimizer
 from tinystack.train.lora import LoRALinear, inject_lora, lora_parameters, merge_lora
 
@@ -111,10 +112,17 @@ def test_adapter_init_and_scale():
 
 
 @pytest.mark.parametrize("bias, parts", [(False, None), (True, None), (True, ([5, 3, 4], [True, False, True]))])
-def test_hand_written_backward_equals_autograd(bias, parts):
+@pytest.mark.parametrize("need_x", [True, False])
+@pytest.mark.parametrize("product", ["C++", "PyTorch"])
+def test_hand_written_backward_equals_autograd(bias, parts, need_x, product, monkeypatch):
     """The K-augmented product against autograd's graph of the same layer (gradcheck also changes B between a
     forward and its backward: the backward must use the forward's B), for one adapter and for a fused layer
-    with two of its three parts adapted."""
+    with two of its three parts adapted, with and without the input's gradient (a first layer's), both as
+    the C++ calls (lora_ops.cpp) and as the PyTorch calls used without a compiler."""
+    if product == "PyTorch":
+        monkeypatch.setattr(lora_module, "_ops", lambda wc: None)
+    elif lora_module._ops(torch.empty(0)) is None:
+        pytest.skip("needs the C++ extension (a C++ compiler)")
     torch.manual_seed(0)
     out = sum(parts[0]) if parts else 5
     lin = torch.nn.Linear(6, out, bias=bias).double()
@@ -122,7 +130,7 @@ def test_hand_written_backward_equals_autograd(bias, parts):
     with torch.no_grad():
         lora.lora_B.normal_()
     assert lora.lora_A.shape == (6 if parts else 3, 6) and lora.lora_B.shape == (9 if parts else 5, 3)
-    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=need_x)
     assert torch.autograd.gradcheck(lambda x, a, b: _with(lora, a, b)(x), (x, lora.lora_A, lora.lora_B))
     g = torch.randn(2, 4, out, dtype=torch.float64)
     grads = []
@@ -132,7 +140,8 @@ def test_hand_written_backward_equals_autograd(bias, parts):
         y = lora(x)
         y.backward(g)
         grads.append((y.detach(), x.grad, lora.lora_A.grad, lora.lora_B.grad))
-    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(*grads))
+    assert (grads[0][1] is None) == (grads[1][1] is None) == (not need_x)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(*grads) if a is not None)
 
 
 def _with(lora, a, b):
@@ -142,9 +151,12 @@ def _with(lora, a, b):
     return f
 
 
-def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master():
+@pytest.mark.parametrize("product", ["C++", "PyTorch"])
+def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master(product, monkeypatch):
     """Under bf16 autocast the hand-written product runs in bf16 from a cached copy of the frozen weight:
     output and gradients match autograd's own bf16 graph of the same layer, and the weight stays float32."""
+    if product == "PyTorch":
+        monkeypatch.setattr(lora_module, "_ops", lambda wc: None)
     torch.manual_seed(0)
     lora = LoRALinear(torch.nn.Linear(64, 48), rank=4, alpha=8)
     with torch.no_grad():

@@ -28,7 +28,9 @@ the input (K-augmented):
     g @ [W | s B | 0] = [g W | g s B | .]: grad_x's base part and g_xa = g s B (A's gradient) in one matmul
 
 so what is left per group of adapters is x A^T, one rank-P r correction of grad_x and the two thin weight
-gradients. K is padded with zero columns to a multiple of 32: an odd K (600, 1544) ran 1.3-1.5x slower than the
+gradients (B's block by block: each part's rows of B only meet its own output rows). On CPU each direction is
+one C++ call (lora_ops.cpp: the same ATen products, without ~20 Python-dispatched ops around them); elsewhere,
+or without a compiler, the same calls from Python. K is padded with zero columns to a multiple of 32: an odd K (600, 1544) ran 1.3-1.5x slower than the
 padded one in bf16 on an AMX Xeon, the padding costs at most 32 / in of the matmul elsewhere. With dropout, or
 an unfrozen base, the layer uses the plain autograd path (same forward).
 
@@ -41,13 +43,16 @@ saved model use it, never the copy (not a buffer: never saved).
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tinystack import native
 from tinystack.config import FinetuneConfig
 
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
@@ -70,6 +75,7 @@ class _Parts:
                 b_row += size
             row += size
         self.b_rows, self.width = b_row, rank * len(self.spans)  # B [b_rows, r]; s B spread [out, width]
+        self.flat_spans = [n for row, size, _ in self.spans for n in (row, size)]  # lora_ops.cpp's form
         self.whole = len(self.spans) == 1 and self.b_rows == self.out  # one adapter on every row: no spreading
 
     def spread(self, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -91,6 +97,18 @@ class _Parts:
         return torch.cat([full[row:row + size, j * r:(j + 1) * r] for j, (row, size, _) in enumerate(self.spans)])
 
 
+@functools.lru_cache(maxsize=1)
+def _native_ops():
+    return native.build("tinystack_lora_ops", [Path(__file__).with_name("lora_ops.cpp")], cflags=["-O3"],
+                        ops="tinystack_lora")
+
+
+def _ops(wc: torch.Tensor):
+    """The product as one C++ call each way (lora_ops.cpp) for CPU tensors, or None: no compiler (one warning)
+    or another device, where the PyTorch calls below compute the same."""
+    return _native_ops() if wc.device.type == "cpu" else None
+
+
 class _AugmentedWeight:
     """LoRALinear's cache: [W | s B spread | 0] in the compute dtype, and a copy of the B it holds (a new tensor
     each time B changes, so a forward's B stays as it was)."""
@@ -106,13 +124,16 @@ class _LoRAProduct(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, aug, bias, lora_a, lora_b, scale, parts):
         wc = aug.weight
-        dt, n_in, width = wc.dtype, x.shape[1], lora_a.shape[0]
-        a = lora_a.to(dt)
-        xc = torch.empty(x.shape[0], wc.shape[1], dtype=dt, device=x.device)  # [x | x A^T | 0]
-        xc[:, :n_in].copy_(x)  # the cast to the compute dtype, written where the matmul reads it
-        torch.mm(xc[:, :n_in], a.t(), out=xc[:, n_in:n_in + width])
-        xc[:, n_in + width:].zero_()
-        y = F.linear(xc, wc, bias.to(dt) if bias is not None else None)
+        if (ops := _ops(wc)) is not None:
+            y, xc, a = ops.lora_fwd(x, wc, bias, lora_a)
+        else:
+            dt, n_in, width = wc.dtype, x.shape[1], lora_a.shape[0]
+            a = lora_a.to(dt)
+            xc = torch.empty(x.shape[0], wc.shape[1], dtype=dt, device=x.device)  # [x | x A^T | 0]
+            xc[:, :n_in].copy_(x)  # the cast to the compute dtype, written where the matmul reads it
+            torch.mm(xc[:, :n_in], a.t(), out=xc[:, n_in:n_in + width])
+            xc[:, n_in + width:].zero_()
+            y = F.linear(xc, wc, bias.to(dt) if bias is not None else None)
         ctx.save_for_backward(xc, a)
         # the next changed B rewrites wc's s B columns in place and replaces aug.b: the backward reads the W part
         # (never rewritten: a changed master gets a new tensor) and, if B has changed since, this forward's B
@@ -126,11 +147,18 @@ class _LoRAProduct(torch.autograd.Function):
         wc = ctx.aug.weight
         x_dtype, a_dtype, b_dtype = ctx.dtypes
         n_in, width = a.shape[1], a.shape[0]
+        fresh = ctx.aug.b is ctx.b  # else B changed between the forward and this backward (gradcheck does it)
+        if (ops := _ops(wc)) is not None:
+            sb = wc[:, n_in:n_in + width] if fresh else ctx.parts.spread((ctx.b * ctx.scale).to(wc.dtype))
+            grad_x, grad_a, grad_b = ops.lora_bwd(g, wc, xc, a, sb, fresh, ctx.needs_input_grad[0],
+                                                  ctx.parts.flat_spans, ctx.parts.rank, ctx.scale)
+            return (None if grad_x is None else grad_x.to(x_dtype), None, None, grad_a.to(a_dtype),
+                    grad_b.to(b_dtype), None, None)
         g = g.to(wc.dtype)
         # [N, K]: g W (grad_x's base part) and g s B (= d loss / d (x A^T)) side by side; the first layer's input
         # needs no gradient, only the thin part
         gw = g @ wc if ctx.needs_input_grad[0] else None
-        if ctx.aug.b is not ctx.b:  # B changed between the forward and this backward (gradcheck does it)
+        if not fresh:
             g_xa = g @ ctx.parts.spread((ctx.b * ctx.scale).to(wc.dtype))
         else:
             g_xa = gw[:, n_in:n_in + width] if gw is not None else g @ wc[:, n_in:n_in + width]
