@@ -30,9 +30,9 @@ the input (K-augmented):
 so what is left per group of adapters is x A^T, one rank-P r correction of grad_x and the two thin weight
 gradients (B's block by block: each part's rows of B only meet its own output rows). On CPU each direction is
 one C++ call (lora_ops.cpp: the same ATen products, without ~20 Python-dispatched ops around them); elsewhere,
-or without a compiler, the same calls from Python. K is padded with zero columns to a multiple of 32: an odd K (600, 1544) ran 1.3-1.5x slower than the
-padded one in bf16 on an AMX Xeon, the padding costs at most 32 / in of the matmul elsewhere. With dropout, or
-an unfrozen base, the layer uses the plain autograd path (same forward).
+or without a compiler, the same calls from Python. K is padded with zero columns to a multiple of 32: an odd K
+(600, 1544) ran 1.3-1.5x slower than the padded one in bf16 on an AMX Xeon, the padding costs at most 32 / in of
+the matmul elsewhere. With dropout, or an unfrozen base, the layer uses the plain autograd path (same forward).
 
 The frozen weight is held in the augmented layout [out, K] in the compute dtype (bf16 under autocast: QLoRA's
 observation, a base that is never updated need not be re-cast from its float32 master every step), built once
