@@ -7,12 +7,14 @@
     timed(fn)            Timing(wall_s, cpu_s, value): wall time, and this process's CPU time, which
                          keeps ratios between systems meaningful when other jobs share the cores
     step_periods(...)    a training loop's steady-state step times from the clock readings at each step's start
+    alternating(fns, rounds)  one call of each in turn, the order reversed every round: per-round wall seconds
 """
 from __future__ import annotations
 
 import os
 import platform
 import resource
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -72,3 +74,25 @@ def step_periods(starts: list[float], *, warmup: int, skip: Callable[[int], bool
     """Seconds of each whole step i (from its start to the next step's start: everything the loop does for it),
     for steps `warmup`.. that have a next start and are not `skip(i)` (e.g. the steps that also score val loss)."""
     return [b - a for i, (a, b) in enumerate(zip(starts, starts[1:])) if i >= warmup and not skip(i)]
+
+
+def alternating(fns: dict[str, Callable[[], Any]], rounds: int, anchor: str) -> dict[str, Any]:
+    """Time one call of every fn in turn for `rounds` rounds (after one untimed call each), the order reversed each
+    round, so a machine whose speed drifts from one second to the next slows every fn of a round alike. Returns per
+    name the wall seconds of each round, their median, and each round's time of `anchor` over this fn's (> 1: this
+    one is faster) with the median of those ratios: the figure that drift disturbs least."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    out = {}
+    for name, t in times.items():
+        ratios = [a / b for a, b in zip(times[anchor], t)]
+        out[name] = {"wall_s": t, "median_wall_s": statistics.median(t), "speedup_per_round": ratios,
+                     "median_speedup": statistics.median(ratios)}
+    return out

@@ -26,11 +26,16 @@ tests/train/planted_facts.py through `tinystack.train.finetune` and plots the tw
 
     .venv/bin/python benchmarks/bench_finetune.py [--threads 1] [--trials 3] [--steps 4] [--batch 4] [--rank 8]
                                                  [--seq 256] [--dtype auto] [--curves-steps 16] [--model DIR]
-                                                 [--ceiling] [--quick]
+                                                 [--ceiling] [--paired 10] [--quick]
 
 --ceiling adds a third arm, interleaved like the others: the model with every weight frozen but one norm gain in
 the first layer and no adapters. Its step is the whole forward plus the backward through every activation, the
 work LoRA cannot skip, so its tokens/s over full fine-tuning's is the most LoRA can reach on this machine.
+
+--paired N adds N rounds of bare steps with every method's model in one process, one step of each in turn (the
+order reversed each round): the trials above interleave methods a minute apart, and on a machine whose speed
+drifts from one second to the next (seen: the same step 1.1-2.6 s within minutes) neighbouring steps are the
+fairest comparison. Reported: each round's speedup over full fine-tuning and their median.
 
 --quick: 1 trial of 3 steps of 1 x 64 tokens, no curves -> results/finetune_quick.json (untracked): a smoke test.
 """
@@ -47,7 +52,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import RESULTS, ROOT, cpu_model, finish, machine
+from bench_common import RESULTS, ROOT, alternating, cpu_model, finish, machine
 from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.train.finetune import build_model
@@ -152,22 +157,46 @@ def bare_trial(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, se
                dtype: str = "float32") -> dict:
     """The anchor: the same model and batches through a bare forward/backward/clip/AdamW loop, in the precision
     our run chose (bf16 autocast or float32) and with the same loss function (train.loss.lm_loss)."""
+    step = bare_step(model_dir, ft, tcfg, dtype)
+    batches = TimedBatches(49152, seed, seq)
+    for _ in range(tcfg.max_iters):
+        final_loss = step(*batches.sample(tcfg.batch_size))
+    return {**batches.steps(tcfg.batch_size * seq), "final_loss": final_loss, "dtype": dtype}
+
+
+def bare_step(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, dtype: str):
+    """A fresh model for this method and its bare step (x, y) -> loss: forward, cross-entropy, backward, clip
+    (foreach), AdamW (fused) over the trainable parameters, zero_grad, the loss read."""
     torch.manual_seed(tcfg.seed)  # as train_model seeds before building (LoRA's random init)
     model = builder(ft)(model_dir).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tcfg.learning_rate, betas=(tcfg.beta1, tcfg.beta2),
                             weight_decay=tcfg.weight_decay, fused=True)
-    batches = TimedBatches(49152, seed, seq)
-    for _ in range(tcfg.max_iters):
-        x, y = (torch.from_numpy(a) for a in batches.sample(tcfg.batch_size))
+
+    def step(x: np.ndarray, y: np.ndarray) -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-            loss = lm_loss(model(x)[0], y)
+            loss = lm_loss(model(torch.from_numpy(x))[0], torch.from_numpy(y))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        final_loss = loss.item()
-    return {**batches.steps(tcfg.batch_size * seq), "final_loss": final_loss, "dtype": dtype}
+        return loss.item()
+    return step
+
+
+def paired(model_dir: Path, methods: dict, tcfg: TrainConfig, rounds: int, seq: int, dtype: str) -> dict:
+    """--paired: every method's bare step in one process, one step of each in turn (bench_common.alternating),
+    so the machine's second-to-second drift hits all methods of a round alike; each round's speedup over full
+    fine-tuning, and their median."""
+    rng = np.random.default_rng(0)
+
+    def on_a_batch(step):
+        def run():
+            ids = rng.integers(0, 49152, (tcfg.batch_size, seq + 1))
+            return step(ids[:, :-1], ids[:, 1:])
+        return run
+    fns = {name: on_a_batch(bare_step(model_dir, ft, tcfg, dtype)) for name, ft in methods.items()}
+    return alternating(fns, rounds, anchor="full")
 
 
 def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, dtype: str, out_png: Path) -> dict:
@@ -231,6 +260,8 @@ def main() -> None:
     ap.add_argument("--curves-steps", type=int, default=0, help="> 0: also plot planted-facts loss curves")
     ap.add_argument("--ceiling", action="store_true",
                     help="a third arm: the model frozen with no adapters (the fastest a LoRA step can be)")
+    ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
+                    help="> 0: also this many rounds of bare steps, one of each method in turn, in one process")
     ap.add_argument("--quick", action="store_true", help="1 trial of 3 steps of 1 x 64 tokens: a smoke test")
     ap.add_argument("--out", type=Path, default=None, help="default: results/finetune.json (--quick: _quick)")
     args = ap.parse_args()
@@ -298,6 +329,13 @@ def main() -> None:
         print(f"{CEILING}: {res['ceiling_speedup_cpu']:.2f}x full fine-tuning's tokens/s "
               f"(CPU time; wall {res['ceiling_speedup_wall']:.2f}x; same-trial median "
               f"{ceiling['median_same_trial_ratio_wall']:.2f})", flush=True)
+    if args.paired:
+        res["paired"] = paired(model_dir, methods, tcfg, args.paired, args.seq,
+                               resolved.get(f"lora r={args.rank}", "float32"))
+        for name, p in res["paired"].items():
+            print(f"paired, {args.paired} rounds: {name} step {p['median_wall_s']:.3f} s, "
+                  f"{p['median_speedup']:.2f}x full fine-tuning (rounds: "
+                  f"{', '.join(f'{r:.2f}' for r in p['speedup_per_round'])})", flush=True)
     print(f"LoRA r={args.rank}: {res['lora_speedup_cpu']:.2f}x tokens/s "
           f"(CPU time; wall {res['lora_speedup_wall']:.2f}x; same-trial ratios "
           f"{', '.join(f'{r:.2f}' for r in lora['same_trial_ratio_wall'])}, median "
