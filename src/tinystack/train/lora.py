@@ -21,16 +21,19 @@ separate adapters, but the P adapters sharing an input run as one.
 
 Why the product is written by hand (`_LoRAProduct`): per adapter, the plain graph is ~8 thin matmuls and adds
 (x @ A.T is [N, r]) each a full pass over an [N, in] or [N, out] activation. With 210 adapters on SmolLM2 they
-cost LoRA ~0.5 s of a ~3 s step. Here the update rides inside the base matmul, the adapter as r more columns of
-the input (K-augmented):
+cost LoRA ~0.5 s of a ~3 s step. Here the frozen weight sits beside s B in one buffer [W | s B | 0], so the
+backward's base matmul also yields what A's gradient needs (N-augmented), and the forward adds the whole group's
+update to y as one rank-P r product, in place:
 
-    [x | x A^T | 0] @ [W | s B | 0]^T = x W^T + s (x A^T) B^T          K = in + P r, rounded up to 32
+    y = x W^T,  y += (x A^T) (s B)^T                                    one thin product and one rank-P r update
     g @ [W | s B | 0] = [g W | g s B | .]: grad_x's base part and g_xa = g s B (A's gradient) in one matmul
 
 so what is left per group of adapters is x A^T, one rank-P r correction of grad_x and the two thin weight
 gradients (B's block by block: each part's rows of B only meet its own output rows). On CPU each direction is
 one C++ call (lora_ops.cpp: the same ATen products, without ~20 Python-dispatched ops around them); elsewhere,
-or without a compiler, the same calls from Python. K is padded with zero columns to a multiple of 32: an odd K
+or without a compiler, the same calls from Python. (The forward once rode inside the base matmul as well, as
+[x | x A^T | 0] @ [W | s B | 0]^T; that needed a fresh augmented copy of x per product, whose copy and new pages
+cost more than the in-place update of y.) K is padded with zero columns to a multiple of 32: an odd K
 (600, 1544) ran 1.3-1.5x slower than the padded one in bf16 on an AMX Xeon, the padding costs at most 32 / in of
 the matmul elsewhere. With dropout, or an unfrozen base, the layer uses the plain autograd path (same forward).
 
@@ -118,23 +121,21 @@ class _AugmentedWeight:
 
 
 class _LoRAProduct(torch.autograd.Function):
-    """y = [x | x A^T | 0] @ wc^T + b for 2-D x, wc = aug.weight = [W | s B spread | 0] (frozen, LoRALinear's
+    """y = x W^T + s (x A^T) B^T + b for 2-D x, with wc = aug.weight = [W | s B spread | 0] (frozen, LoRALinear's
     cache); gradients for x, A and B only. Computed in wc's dtype; y in it, the gradients in their inputs' dtypes."""
 
     @staticmethod
     def forward(ctx, x, aug, bias, lora_a, lora_b, scale, parts):
         wc = aug.weight
         if (ops := _ops(wc)) is not None:
-            y, xc, a = ops.lora_fwd(x, wc, bias, lora_a)
-        else:
+            y, xb, xa = ops.lora_fwd(x, wc, bias, lora_a)
+        else:  # the same calls from Python
             dt, n_in, width = wc.dtype, x.shape[1], lora_a.shape[0]
-            a = lora_a.to(dt)
-            xc = torch.empty(x.shape[0], wc.shape[1], dtype=dt, device=x.device)  # [x | x A^T | 0]
-            xc[:, :n_in].copy_(x)  # the cast to the compute dtype, written where the matmul reads it
-            torch.mm(xc[:, :n_in], a.t(), out=xc[:, n_in:n_in + width])
-            xc[:, n_in + width:].zero_()
-            y = F.linear(xc, wc, bias.to(dt) if bias is not None else None)
-        ctx.save_for_backward(xc, a)
+            xb = x.to(dt)
+            xa = xb @ lora_a.to(dt).t()  # [N, P r]
+            y = F.linear(xb, wc[:, :n_in], bias.to(dt) if bias is not None else None)
+            y.addmm_(xa, wc[:, n_in:n_in + width].t())  # + s (x A^T) B^T
+        ctx.save_for_backward(xb, xa, lora_a)
         # the next changed B rewrites wc's s B columns in place and replaces aug.b: the backward reads the W part
         # (never rewritten: a changed master gets a new tensor) and, if B has changed since, this forward's B
         ctx.aug, ctx.b = aug, aug.b
@@ -143,27 +144,23 @@ class _LoRAProduct(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        xc, a = ctx.saved_tensors
+        x, xa, lora_a = ctx.saved_tensors
         wc = ctx.aug.weight
         x_dtype, a_dtype, b_dtype = ctx.dtypes
-        n_in, width = a.shape[1], a.shape[0]
+        n_in, width = lora_a.shape[1], lora_a.shape[0]
         fresh = ctx.aug.b is ctx.b  # else B changed between the forward and this backward (gradcheck does it)
+        sb = wc[:, n_in:n_in + width] if fresh else ctx.parts.spread((ctx.b * ctx.scale).to(wc.dtype))
         if (ops := _ops(wc)) is not None:
-            sb = wc[:, n_in:n_in + width] if fresh else ctx.parts.spread((ctx.b * ctx.scale).to(wc.dtype))
-            grad_x, grad_a, grad_b = ops.lora_bwd(g, wc, xc, a, sb, fresh, ctx.needs_input_grad[0],
+            grad_x, grad_a, grad_b = ops.lora_bwd(g, wc, x, xa, lora_a, sb, fresh, ctx.needs_input_grad[0],
                                                   ctx.parts.flat_spans, ctx.parts.rank, ctx.scale)
             return (None if grad_x is None else grad_x.to(x_dtype), None, None, grad_a.to(a_dtype),
                     grad_b.to(b_dtype), None, None)
-        g = g.to(wc.dtype)
+        g, a = g.to(wc.dtype), lora_a.to(wc.dtype)
         # [N, K]: g W (grad_x's base part) and g s B (= d loss / d (x A^T)) side by side; the first layer's input
         # needs no gradient, only the thin part
         gw = g @ wc if ctx.needs_input_grad[0] else None
-        if not fresh:
-            g_xa = g @ ctx.parts.spread((ctx.b * ctx.scale).to(wc.dtype))
-        else:
-            g_xa = gw[:, n_in:n_in + width] if gw is not None else g @ wc[:, n_in:n_in + width]
+        g_xa = gw[:, n_in:n_in + width] if gw is not None and fresh else g @ sb
         grad_x = None if gw is None else torch.addmm(gw[:, :n_in], g_xa, a).to(x_dtype)  # + the adapter's path
-        x, xa = xc[:, :n_in], xc[:, n_in:n_in + width]
         grad_a = (g_xa.t() @ x).to(a_dtype)  # [P r, in]
         grad_b = ctx.parts.gather((xa.t() @ g).t()).mul_(ctx.scale).to(b_dtype)  # [b_rows, r]
         return grad_x, None, None, grad_a, grad_b, None, None

@@ -1,4 +1,4 @@
-// LoRA's K-augmented product (train/lora.py, _LoRAProduct) forward and backward as one operator call each.
+// LoRA's product (train/lora.py, _LoRAProduct) forward and backward as one operator call each.
 //
 // A step of SmolLM2 runs 120 adapted products; written as PyTorch calls from Python each was ~20 small ops (slices,
 // casts, thin products) plus the autograd Function's Python, ~0.5 ms of overhead per product and direction.
@@ -6,8 +6,8 @@
 // the whole [P r, out] product of which only the diagonal blocks are kept.
 //
 //   lora_fwd(x [N, in], wc [out, K] = [W | s B spread | 0], bias (or None), a [P r, in])
-//        -> y = [x | x a^T | 0] wc^T (+ bias) [N, out],  xc = [x | x a^T | 0] [N, K],  a in wc's dtype
-//   lora_bwd(g [N, out], wc, xc, ac, sb [out, P r], sb_in_wc, need_x, spans, rank, scale)
+//        -> y = x W^T (+ bias) + (x a^T) (s B)^T [N, out],  x and x a^T in wc's dtype (the backward's operands)
+//   lora_bwd(g [N, out], wc, x, xa, a, sb [out, P r], sb_in_wc, need_x, spans, rank, scale)
 //        -> grad_x [N, in] (undefined unless need_x), grad_a [P r, in], grad_b [rows of B, r]
 //
 // sb is the s B spread the forward used; sb_in_wc says it is still wc's own columns (B has not changed since the
@@ -28,30 +28,27 @@ using at::Tensor;
 std::tuple<Tensor, Tensor, Tensor> lora_fwd(const Tensor& x_, const Tensor& wc_, const std::optional<Tensor>& bias,
                                             const Tensor& a_) {
   // detached: the products write into given outputs, which autograd refuses (the Function owns the gradients)
-  const Tensor x = x_.detach(), wc = wc_.detach(), a = a_.detach();
-  TORCH_CHECK(x.dim() == 2 && wc.dim() == 2 && a.dim() == 2 && a.size(1) == x.size(1),
+  const Tensor wc = wc_.detach(), a = a_.detach();
+  TORCH_CHECK(x_.dim() == 2 && wc.dim() == 2 && a.dim() == 2 && a.size(1) == x_.size(1),
               "lora_fwd: x [N, in], wc [out, K], a [P r, in]");
-  const int64_t N = x.size(0), n_in = x.size(1), width = a.size(0), K = wc.size(1);
+  const int64_t n_in = x_.size(1), width = a.size(0), K = wc.size(1);
   TORCH_CHECK(K >= n_in + width, "lora_fwd: wc has no room for the adapter's columns");
   const auto dt = wc.scalar_type();
-  const Tensor ac = a.to(dt);
-  Tensor xc = at::empty({N, K}, x.options().dtype(dt));
-  Tensor xs = xc.narrow(1, 0, n_in), xa = xc.narrow(1, n_in, width);
-  xs.copy_(x);  // the cast to the compute dtype, written where the product reads it
-  at::mm_out(xa, xs, ac.t());
-  if (K > n_in + width) xc.narrow(1, n_in + width, K - n_in - width).zero_();
-  Tensor y = bias.has_value() && bias->defined() ? at::addmm(bias->detach().to(dt), xc, wc.t()) : at::mm(xc, wc.t());
-  return {y, xc, ac};
+  const Tensor x = x_.detach().to(dt), ac = a.to(dt);
+  const Tensor xa = at::mm(x, ac.t());  // [N, P r]
+  const Tensor w = wc.narrow(1, 0, n_in), sb = wc.narrow(1, n_in, width);
+  Tensor y = bias.has_value() && bias->defined() ? at::addmm(bias->detach().to(dt), x, w.t()) : at::mm(x, w.t());
+  y.addmm_(xa, sb.t());  // + s (x A^T) B^T
+  return {y, x, xa};
 }
 
-std::tuple<Tensor, Tensor, Tensor> lora_bwd(const Tensor& g_, const Tensor& wc_, const Tensor& xc_, const Tensor& ac_,
-                                            const Tensor& sb_, bool sb_in_wc, bool need_x, at::IntArrayRef spans,
-                                            int64_t rank, double scale) {
-  const Tensor wc = wc_.detach(), xc = xc_.detach(), ac = ac_.detach(), sb = sb_.detach();
-  const Tensor g = g_.detach().to(wc.scalar_type());
+std::tuple<Tensor, Tensor, Tensor> lora_bwd(const Tensor& g_, const Tensor& wc_, const Tensor& x_, const Tensor& xa_,
+                                            const Tensor& a_, const Tensor& sb_, bool sb_in_wc, bool need_x,
+                                            at::IntArrayRef spans, int64_t rank, double scale) {
+  const Tensor wc = wc_.detach(), xs = x_.detach(), xa = xa_.detach(), sb = sb_.detach();
+  const Tensor g = g_.detach().to(wc.scalar_type()), ac = a_.detach().to(wc.scalar_type());
   const int64_t n_in = ac.size(1), width = ac.size(0), parts = int64_t(spans.size()) / 2;
   TORCH_CHECK(parts * rank == width, "lora_bwd: spans do not match the adapter's rows");
-  const Tensor xs = xc.narrow(1, 0, n_in), xa = xc.narrow(1, n_in, width);
   // [g W | g s B | 0]: grad_x's base part and d loss / d (x a^T) side by side in one product
   Tensor gw, g_xa;
   if (need_x) gw = at::mm(g, wc);
