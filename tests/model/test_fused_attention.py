@@ -21,14 +21,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(err / max(float(b.detach().double().abs().max()), 1e-30))
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
-
-
 @pytest.mark.parametrize("b, h, kv, t, d", [(2, 6, 2, 37, 16), (3, 4, 4, 20, 32), (1, 9, 3, 64, 64), (4, 2, 1, 1, 8)])
 @pytest.mark.parametrize("in_dtype", [torch.float32, BF16])
 def test_attention_and_its_gradients_match_float64(b, h, kv, t, d, in_dtype, threads):

@@ -20,14 +20,6 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max() / b.detach().double().abs().max())
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)
-
-
 @pytest.mark.parametrize("shape", [(3, 37), (2, 7, 576), (1, 1, 16)])
 @pytest.mark.parametrize("train_gain", [True, False])
 def test_rms_norm_and_its_gradients_match_float64(shape, train_gain, threads):
