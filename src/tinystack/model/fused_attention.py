@@ -6,13 +6,13 @@
     attention(q, k, v)        q [B, H, T, D], k, v [B, KV, T, D] (float32 or bf16; KV divides H) -> bf16 [B, H, T, D]
 
 Why: under autocast, model/attention.py ran torch's CPU flash attention in float32 (its bf16 kernel was far slower
-in the backward). Flash attention tiles the scores so they never exist whole, which on a CPU means its own
-scalar-ish inner loops instead of the machine's matmul. At training lengths (T = 256) the whole score block of
-one (batch, kv head) group fits in a core's cache, so here it is made with the matmul and kept (bf16, B H T^2
-values a layer) for the backward: q k^T in float32, the causal softmax in one pass (fused_attention.cpp), p v
-and the backward's four products in bf16, the softmax's backward in one pass. Precision: the scores and the
-softmax in float32; p rounded to bf16 before p v (as GPU flash attention does), and the gradients of p and of the
-scores in bf16, as every other activation gradient under autocast.
+in the backward). Flash attention tiles the scores so they never exist whole, which on a CPU means many small
+products in its own tiled loops instead of a few large ones on the machine's matmul. At training lengths
+(T = 256) the whole score block of one (batch, kv head) group fits in a core's cache, so here it is made with
+the matmul and kept (bf16, B H T^2 values a layer) for the backward: q k^T in float32, the causal softmax in one
+pass (fused_attention.cpp), p v and the backward's four products in bf16, the softmax's backward in one pass.
+Precision: the scores and the softmax in float32; p rounded to bf16 before p v (as GPU flash attention does),
+and the gradients of p and of the scores in bf16, as every other activation gradient under autocast.
 
 Which path is faster depends on the CPU (its bf16 matmul above all), so `serves` times both, forward and
 backward, the first time it sees a shape class (batch, heads per kv head, head size, T rounded up to a power of
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from tinystack.model import fused_ops
 
-MAX_SAVED_BYTES = 64 * 2**20  # the saved probabilities of one layer call (B H T^2 bf16); longer calls use flash
+MAX_SAVED_BYTES = 32 * 2**20  # the saved probabilities of one layer call (B H T^2 bf16); longer calls use flash
 _TRIALS = 5  # timed rounds of each path (after one warm-up round), interleaved
 _faster: dict[tuple[int, int, int, int], bool] = {}  # (B, H / KV, D, T bucket) -> this path measured faster
 
@@ -38,8 +38,9 @@ class _CausalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v):
         scale = 1.0 / math.sqrt(q.shape[-1])
-        o, p, qb, kb = fused_ops.extension().causal_attention_fwd(q.float(), k.float(), v.to(torch.bfloat16), scale)
-        ctx.save_for_backward(qb, kb, v.to(torch.bfloat16), p)
+        vb = v.to(torch.bfloat16)
+        o, p, qb, kb = fused_ops.extension().causal_attention_fwd(q.float(), k.float(), vb, scale)
+        ctx.save_for_backward(qb, kb, vb, p)
         ctx.scale, ctx.dtypes = scale, (q.dtype, k.dtype, v.dtype)
         return o
 
