@@ -184,10 +184,10 @@ def bare_step(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, dty
     return step
 
 
-def paired(model_dir: Path, methods: dict, tcfg: TrainConfig, rounds: int, seq: int, dtype: str) -> dict:
-    """--paired: every method's bare step in one process, one step of each in turn (bench_common.alternating),
-    so the machine's second-to-second drift hits all methods of a round alike; each round's speedup over full
-    fine-tuning, and their median."""
+def paired(model_dir: Path, methods: dict, tcfg: TrainConfig, rounds: int, seq: int, dtypes: dict[str, str]) -> dict:
+    """--paired: every method's bare step in one process (in the precision its own run chose), one step of each in
+    turn (bench_common.alternating), so the machine's second-to-second drift hits all methods of a round alike;
+    each round's speedup over full fine-tuning, and their median."""
     rng = np.random.default_rng(0)
 
     def on_a_batch(step):
@@ -195,7 +195,8 @@ def paired(model_dir: Path, methods: dict, tcfg: TrainConfig, rounds: int, seq: 
             ids = rng.integers(0, 49152, (tcfg.batch_size, seq + 1))
             return step(ids[:, :-1], ids[:, 1:])
         return run
-    fns = {name: on_a_batch(bare_step(model_dir, ft, tcfg, dtype)) for name, ft in methods.items()}
+    fns = {name: on_a_batch(bare_step(model_dir, ft, tcfg, dtypes.get(name, "float32")))
+           for name, ft in methods.items()}
     return alternating(fns, rounds, anchor="full")
 
 
@@ -330,8 +331,7 @@ def main() -> None:
               f"(CPU time; wall {res['ceiling_speedup_wall']:.2f}x; same-trial median "
               f"{ceiling['median_same_trial_ratio_wall']:.2f})", flush=True)
     if args.paired:
-        res["paired"] = paired(model_dir, methods, tcfg, args.paired, args.seq,
-                               resolved.get(f"lora r={args.rank}", "float32"))
+        res["paired"] = paired(model_dir, methods, tcfg, args.paired, args.seq, resolved)
         for name, p in res["paired"].items():
             print(f"paired, {args.paired} rounds: {name} step {p['median_wall_s']:.3f} s, "
                   f"{p['median_speedup']:.2f}x full fine-tuning (rounds: "

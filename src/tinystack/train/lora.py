@@ -29,13 +29,14 @@ update to y as one rank-P r product, in place:
     g @ [W | s B | 0] = [g W | g s B | .]: grad_x's base part and g_xa = g s B (A's gradient) in one matmul
 
 so what is left per group of adapters is x A^T, one rank-P r correction of grad_x and the two thin weight
-gradients (B's block by block: each part's rows of B only meet its own output rows). On CPU each direction is
-one C++ call (lora_ops.cpp: the same ATen products, without ~20 Python-dispatched ops around them); elsewhere,
-or without a compiler, the same calls from Python. (The forward once rode inside the base matmul as well, as
-[x | x A^T | 0] @ [W | s B | 0]^T; that needed a fresh augmented copy of x per product, whose copy and new pages
-cost more than the in-place update of y.) K is padded with zero columns to a multiple of 32: an odd K
-(600, 1544) ran 1.3-1.5x slower than the padded one in bf16 on an AMX Xeon, the padding costs at most 32 / in of
-the matmul elsewhere. With dropout, or an unfrozen base, the layer uses the plain autograd path (same forward).
+gradients. On CPU each direction is one C++ call (lora_ops.cpp: the same ATen products, without ~20
+Python-dispatched ops around them, and B's gradient block by block: each part's rows of B only meet its own
+output rows); elsewhere, or without a compiler, the same products from Python (B's as one, its blocks kept).
+(The forward once rode inside the base matmul as well, as [x | x A^T | 0] @ [W | s B | 0]^T; that needed a
+fresh augmented copy of x per product, whose copy and new pages cost more than the in-place update of y.) K is
+padded with zero columns to a multiple of 32: an odd K (600, 1544) ran 1.3-1.5x slower than the padded one in
+bf16 on an AMX Xeon, the padding costs at most 32 / in of the matmul elsewhere. With dropout, or an unfrozen
+base, the layer uses the plain autograd path (same forward).
 
 The frozen weight is held in the augmented layout [out, K] in the compute dtype (bf16 under autocast: QLoRA's
 observation, a base that is never updated need not be re-cast from its float32 master every step), built once
