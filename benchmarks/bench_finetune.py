@@ -57,7 +57,7 @@ from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.train.finetune import build_model
 from tinystack.train.loop import make_optimizer, train_model
-from tinystack.train.loss import lm_loss
+from tinystack.train.loss import next_token_loss
 
 SEQ = 256  # tokens per sequence unless --seq
 TARGET_STEP_OVERHEAD = 0.10
@@ -156,7 +156,7 @@ def trial(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, seed: i
 def bare_trial(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, seed: int, seq: int = SEQ,
                dtype: str = "float32") -> dict:
     """The anchor: the same model and batches through a bare forward/backward/clip/AdamW loop, in the precision
-    our run chose (bf16 autocast or float32) and with the same loss function (train.loss.lm_loss)."""
+    our run chose (bf16 autocast or float32) and with the same loss function (train.loss.next_token_loss)."""
     step = bare_step(model_dir, ft, tcfg, dtype)
     batches = TimedBatches(49152, seed, seq)
     for _ in range(tcfg.max_iters):
@@ -175,7 +175,7 @@ def bare_step(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, dty
 
     def step(x: np.ndarray, y: np.ndarray) -> float:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-            loss = lm_loss(model(torch.from_numpy(x))[0], torch.from_numpy(y))
+            loss = next_token_loss(model, torch.from_numpy(x), torch.from_numpy(y))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip, foreach=True)
         opt.step()

@@ -78,19 +78,19 @@ def test_resume_is_bit_exact(tmp_path, data, monkeypatch):
     base = model_dir(tmp_path / "base", "llama")
     cfg = load_config(None, [*FAST, "finetune.lora=4", "finetune.ckpt_interval=4"])
     finetune(base, data, tmp_path / "full", cfg, progress=False)
-    real, calls = loop.lm_loss, {"n": 0}
+    real, calls = loop.next_token_loss, {"n": 0}
 
-    def dies_in_step_6(logits, targets):
+    def dies_in_step_6(model, x, y):
         if torch.is_grad_enabled():
             calls["n"] += 1
             if calls["n"] > 5:
                 raise KeyboardInterrupt
-        return real(logits, targets)
+        return real(model, x, y)
 
-    monkeypatch.setattr(loop, "lm_loss", dies_in_step_6)
+    monkeypatch.setattr(loop, "next_token_loss", dies_in_step_6)
     with pytest.raises(KeyboardInterrupt):
         finetune(base, data, tmp_path / "cut", cfg, progress=False)
-    monkeypatch.setattr(loop, "lm_loss", real)
+    monkeypatch.setattr(loop, "next_token_loss", real)
     report = finetune(base, data, tmp_path / "cut", cfg, resume=True, progress=False)
     assert report["result"]["resumed_from"] == 4
     ckpt = torch.load(tmp_path / "cut_finetune" / "checkpoints" / "last.pt", weights_only=True)

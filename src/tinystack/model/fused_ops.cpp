@@ -14,7 +14,8 @@
 //   swiglu_fwd(gu bf16 [N, 2 I])     -> h = bf16(silu(gate) * up) [N, I]  (gate = gu[:, :I], up = gu[:, I:])
 //   swiglu_bwd(gh bf16 [N, I], gu)   -> dgu bf16 [N, 2 I]
 //   logsumexp_rows(logits bf16|f32 [N, V]) -> lse f32 [N]                  (train/cross_entropy.py's loss)
-//   cross_entropy_grad(logits, targets, lse, scale) -> (softmax - onehot) * scale per row, in the logits' dtype
+//   cross_entropy_grad(logits, targets, lse, scale, inplace) -> (softmax - onehot) * scale per row, in the logits'
+//        dtype (inplace: written over the logits; train/frozen_head.py's chunks)
 //
 // Rows are split over torch's intra-op threads (at::parallel_for). Each row loop is compiled for AVX-512,
 // AVX2 and baseline x86-64 (target_clones by feature level; the loader picks one at run time), so one build
@@ -266,9 +267,10 @@ INLINE void ce_grad_rows(const T* logits, const int64_t* target, const float* ls
       for (int64_t j = 0; j < V; ++j) store(g, j, 0.f);
       continue;
     }
-    for (int64_t j = 0; j < V; ++j) store(g, j, exp_f32(load(l, j) - m) * sc);
     const int64_t t = target[i];
-    store(g, t, (exp_f32(load(l, t) - m) - 1.0f) * sc);
+    const float lt = load(l, t);  // read before the row is written: g may be l itself (inplace)
+    for (int64_t j = 0; j < V; ++j) store(g, j, exp_f32(load(l, j) - m) * sc);
+    store(g, t, (exp_f32(lt - m) - 1.0f) * sc);
   }
 }
 
@@ -298,13 +300,15 @@ at::Tensor logsumexp_rows(at::Tensor logits) {
 }
 
 // targets must lie in [0, V) (the caller maps ignored rows to 0 and gives them scale 0)
-at::Tensor cross_entropy_grad(at::Tensor logits, at::Tensor targets, at::Tensor lse, at::Tensor scale) {
+// inplace: the gradient overwrites the logits (which must be contiguous), for a caller that needs them no more
+at::Tensor cross_entropy_grad(at::Tensor logits, at::Tensor targets, at::Tensor lse, at::Tensor scale, bool inplace) {
+  TORCH_CHECK(!inplace || logits.is_contiguous(), "cross_entropy_grad: inplace needs contiguous logits");
   logits = logits.contiguous();
   targets = targets.to(at::kLong).contiguous();
   lse = lse.contiguous();
   scale = scale.to(at::kFloat).contiguous();
   const int64_t N = logits.size(0), V = logits.size(1);
-  auto grad = at::empty({N, V}, logits.options());
+  auto grad = inplace ? logits : at::empty({N, V}, logits.options());
   const int64_t* t = targets.data_ptr<int64_t>();
   const float *m = lse.data_ptr<float>(), *sc = scale.data_ptr<float>();
   if (logits.scalar_type() == at::kBFloat16) {

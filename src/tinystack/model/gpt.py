@@ -122,6 +122,7 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
         positions: torch.Tensor | None = None,
         logit_index: torch.Tensor | None = None,
+        apply_head: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx [B, T] token ids at positions 0..T-1 -> (logits [B, T, V], mean cross-entropy or None).
 
@@ -133,6 +134,8 @@ class GPT(nn.Module):
         (training: only the positions with a target, e.g. a chat's assistant tokens).
         `targets` uses -1 for positions to ignore. Raises ValueError if the positions
         run past `block_size` (there is no position embedding for them).
+        `apply_head=False` returns the head's input (the final norm's output [.., C]) in place of the logits,
+        for a loss that applies a frozen head itself (train/frozen_head.py); `targets` is then not allowed.
         """
         B, T = idx.shape
         if positions is None:
@@ -146,7 +149,11 @@ class GPT(nn.Module):
             x = block(x, kv_cache)
         if logit_index is not None:
             x = select_positions(x, logit_index)
-        logits = self.lm_head(self.transformer.ln_f(x))
+        x = self.transformer.ln_f(x)
+        if not apply_head:
+            assert targets is None, "targets need the logits"
+            return x, None
+        logits = self.lm_head(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

@@ -215,11 +215,12 @@ class Llama(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, kv_cache: KVCache | None = None,
                 positions: torch.Tensor | None = None,
-                logit_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                logit_index: torch.Tensor | None = None,
+                apply_head: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx [B, T] at positions 0..T-1 (or `positions` [B, T]) -> (logits [B, T, V], loss or None).
 
         `logit_index` [B]: logits only at that position of each row -> [B, 1, V]; a bool [B, T] mask: only
-        where True -> [K, 1, V] (see GPT.forward)."""
+        where True -> [K, 1, V]; `apply_head=False`: the head's input in place of the logits (see GPT.forward)."""
         B, T = idx.shape
         if positions is None:
             if T > self.config.max_position_embeddings:
@@ -232,7 +233,11 @@ class Llama(nn.Module):
             x = block(x, cos, sin, kv_cache)
         if logit_index is not None:
             x = select_positions(x, logit_index)
-        logits = self.lm_head(self.model.norm(x))
+        x = self.model.norm(x)
+        if not apply_head:
+            assert targets is None, "targets need the logits"
+            return x, None
+        logits = self.lm_head(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

@@ -58,7 +58,7 @@ class _BlockedCrossEntropy(torch.autograd.Function):
         cdt = lse.dtype
         scale = (g.to(cdt) / count) * valid  # per row: 0 where the target is ignored
         if _native(logits):
-            return fused_ops.extension().cross_entropy_grad(logits, safe, lse, scale), None, None
+            return fused_ops.extension().cross_entropy_grad(logits, safe, lse, scale, False), None, None
         grad = torch.empty_like(logits)
         step = _rows_per_block(vocab)
         rows = torch.arange(n, device=logits.device)

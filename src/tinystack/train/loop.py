@@ -46,7 +46,7 @@ from tinystack.train import precision
 from tinystack.train.batches import BatchSampler, eval_batches, get_batch
 from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
-from tinystack.train.loss import batches_loss, lm_loss, target_logits, trim_targets
+from tinystack.train.loss import batches_loss, next_token_loss, trim_targets
 
 _NO_DECAY = ("wte", "wpe", "embed_tokens")  # embeddings: GPT-2's, Llama's
 REFRESH_S = 1.0  # the progress bar's redraw interval (seconds)
@@ -270,7 +270,7 @@ def _probe_precision(model: torch.nn.Module, sampler: BatchSource, cfg: TrainCon
     x, y = sampler.sample(cfg.batch_size)
     sampler.load_state_dict(position)
     x_t, y_t = trim_targets(torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev))
-    dtype, record = precision.probe(model, x_t, y_t, lm_loss)
+    dtype, record = precision.probe(model, x_t, y_t, next_token_loss)
     if info.enabled and mean_across_ranks(float(dtype != "float32"), info, str(dev)) < 1.0:
         dtype = record["chosen"] = "float32"
     return dtype, record
@@ -293,8 +293,7 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
         ctx = contextlib.nullcontext() if sync else model.no_sync()  # type: ignore[operator]
         with ctx:
             with precision.autocast(cfg.dtype, dev.type):
-                logits, y_kept = target_logits(model, x, y)
-            loss = lm_loss(logits, y_kept)
+                loss = next_token_loss(model, x, y)
             # the mean over micro-batches = the big batch's mean (exactly when each has as many targets)
             scaler.scale(loss / A).backward()
         total += loss.detach()

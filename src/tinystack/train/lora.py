@@ -30,8 +30,9 @@ update to y as one rank-P r product, in place:
 
 so what is left per group of adapters is x A^T, one rank-P r correction of grad_x and the two thin weight
 gradients. On CPU each direction is one C++ call (lora_ops.cpp: the same ATen products, without ~20
-Python-dispatched ops around them, and B's gradient block by block: each part's rows of B only meet its own
-output rows); elsewhere, or without a compiler, the same products from Python (B's as one, its blocks kept).
+Python-dispatched ops around them); elsewhere, or without a compiler, the same products from Python. B's gradient
+is the whole g^T (x A^T) [out, P r] of which each part keeps its diagonal block (its rows of B only meet its own
+output rows): one product that reads g once ran faster than one [r]-wide product per part.
 (The forward once rode inside the base matmul as well, as [x | x A^T | 0] @ [W | s B | 0]^T; that needed a
 fresh augmented copy of x per product, whose copy and new pages cost more than the in-place update of y.) K is
 padded with zero columns to a multiple of 32: an odd K (600, 1544) ran 1.3-1.5x slower than the padded one in

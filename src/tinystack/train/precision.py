@@ -92,15 +92,15 @@ def describe(record: dict[str, Any]) -> str:
 
 
 def probe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], rounds: int = 5) -> tuple[str, dict[str, Any]]:
+          loss_fn: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
+          rounds: int = 5) -> tuple[str, dict[str, Any]]:
     """`pick_by_measurement` on real forward/backward passes of `model` over the batch x -> y. Leaves no trace:
     the gradients are dropped after each pass, no weight changes and the RNG state (dropout) is restored."""
     device_type = x.device.type
 
     def run_step(dtype: str) -> float:
         with autocast(dtype, device_type):
-            logits, _ = model(x)
-        loss = loss_fn(logits, y)
+            loss = loss_fn(model, x, y)
         loss.backward()
         model.zero_grad(set_to_none=True)
         return float(loss.detach())
