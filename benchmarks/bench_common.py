@@ -7,7 +7,8 @@
     timed(fn)            Timing(wall_s, cpu_s, value): wall time, and this process's CPU time, which
                          keeps ratios between systems meaningful when other jobs share the cores
     step_periods(...)    a training loop's steady-state step times from the clock readings at each step's start
-    alternating(fns, rounds)  one call of each in turn, the order reversed every round: per-round wall seconds
+    alternating(fns, rounds)  one call of each in turn, the order reversed every round: per-round seconds
+                         (as each call measured itself) and speedups over an anchor
 """
 from __future__ import annotations
 
@@ -76,23 +77,26 @@ def step_periods(starts: list[float], *, warmup: int, skip: Callable[[int], bool
     return [b - a for i, (a, b) in enumerate(zip(starts, starts[1:])) if i >= warmup and not skip(i)]
 
 
-def alternating(fns: dict[str, Callable[[], Any]], rounds: int, anchor: str) -> dict[str, Any]:
-    """Time one call of every fn in turn for `rounds` rounds (after one untimed call each), the order reversed each
-    round, so a machine whose speed drifts from one second to the next slows every fn of a round alike. Returns per
-    name the wall seconds of each round, their median, and each round's time of `anchor` over this fn's (> 1: this
-    one is faster) with the median of those ratios: the figure that drift disturbs least."""
+def alternating(fns: dict[str, Callable[[], tuple[float, float]]], rounds: int, anchor: str) -> dict[str, Any]:
+    """Call every fn once in turn for `rounds` rounds (after one untimed call each), the order reversed each round,
+    so a machine whose speed drifts from one second to the next slows every fn of a round alike. Each fn returns
+    the (wall, CPU) seconds of its call as measured where it ran (e.g. a worker process's own clocks). Returns per
+    name each round's seconds and their medians, and each round's time of `anchor` over this fn's (> 1: this one
+    is faster) with the median of those ratios: the figure that drift disturbs least."""
     for fn in fns.values():
         fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     order = list(fns)
     for r in range(rounds):
         for name in order if r % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(fns[name]())
     out = {}
     for name, t in times.items():
-        ratios = [a / b for a, b in zip(times[anchor], t)]
-        out[name] = {"wall_s": t, "median_wall_s": statistics.median(t), "speedup_per_round": ratios,
-                     "median_speedup": statistics.median(ratios)}
+        row: dict[str, Any] = {}
+        for i, clock in enumerate(("wall", "cpu")):
+            mine = [x[i] for x in t]
+            ratios = [a[i] / b for a, b in zip(times[anchor], mine)]
+            row |= {f"{clock}_s": mine, f"median_{clock}_s": statistics.median(mine),
+                    f"speedup_per_round_{clock}": ratios, f"median_speedup_{clock}": statistics.median(ratios)}
+        out[name] = row
     return out
