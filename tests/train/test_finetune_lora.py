@@ -115,7 +115,7 @@ def test_adapter_init_and_scale():
 @pytest.mark.parametrize("need_x", [True, False])
 @pytest.mark.parametrize("product", ["C++", "PyTorch"])
 def test_hand_written_backward_equals_autograd(bias, parts, need_x, product, monkeypatch):
-    """The K-augmented product against autograd's graph of the same layer (gradcheck also changes B between a
+    """The hand-written product against autograd's graph of the same layer (gradcheck also changes B between a
     forward and its backward: the backward must use the forward's B), for one adapter and for a fused layer
     with two of its three parts adapted, with and without the input's gradient (a first layer's), both as
     the C++ calls (lora_ops.cpp) and as the PyTorch calls used without a compiler."""
@@ -175,34 +175,36 @@ def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master(produc
     for hand, ref in zip(*outs):
         assert (hand - ref).norm() <= 0.02 * ref.norm()  # bf16 rounding, not a different function
     assert lora.base.weight.dtype == torch.float32 and "_weight_copy" not in lora.state_dict()
-    aug = lora._augmented(torch.bfloat16).weight  # [W | s B | 0]: K = 64 + 4 rounded up to 96
-    assert aug is lora._augmented(torch.bfloat16).weight and aug.shape == (48, 96)  # cast once, reused
-    assert torch.equal(aug[:, :64], lora.base.weight.to(torch.bfloat16)) and not aug[:, 68:].any()
-    assert torch.equal(aug[:, 64:68], (lora.lora_B * lora.scale).to(torch.bfloat16))
+    cw = lora._compute_weights(torch.bfloat16)
+    w, sb = cw.weight, cw.sb
+    assert w is lora._compute_weights(torch.bfloat16).weight and w.shape == (48, 64)  # cast once, reused
+    assert torch.equal(w, lora.base.weight.to(torch.bfloat16)) and w.is_contiguous() and sb.is_contiguous()
+    assert torch.equal(sb, (lora.lora_B * lora.scale).to(torch.bfloat16))
     opt = torch.optim.AdamW([lora.lora_A, lora.lora_B], lr=0.1, fused=True)
-    opt.step()  # fused AdamW writes B without bumping its version counter: the columns must follow anyway
-    assert torch.equal(lora._augmented(torch.bfloat16).weight[:, 64:68], (lora.lora_B * lora.scale).to(torch.bfloat16))
+    opt.step()  # fused AdamW writes B without bumping its version counter: s B must follow anyway
+    assert torch.equal(lora._compute_weights(torch.bfloat16).sb, (lora.lora_B * lora.scale).to(torch.bfloat16))
+    assert lora._compute_weights(torch.bfloat16).sb is not sb  # a new tensor: an earlier forward's stays as it was
     with torch.no_grad():
         lora.base.weight.add_(1.0)  # a changed master (load_state_dict, an in-place write) is re-cast
-    assert torch.equal(lora._augmented(torch.bfloat16).weight[:, :64], lora.base.weight.to(torch.bfloat16))
+    assert torch.equal(lora._compute_weights(torch.bfloat16).weight, lora.base.weight.to(torch.bfloat16))
 
 
 def test_float32_holds_the_frozen_weight_once():
-    """Computing in the master's own dtype, the master moves into the augmented buffer instead of being copied:
-    one storage, the same values, still the state_dict's weight; writes to it (load_state_dict) reach the product."""
+    """Computing in the master's own dtype, the product uses the master itself, not a copy: one storage, the same
+    values, still the state_dict's weight; writes to it (load_state_dict) reach the product."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(40, 24)
     w0 = lin.weight.detach().clone()
     lora = LoRALinear(lin, rank=2, alpha=4)
     x = torch.randn(5, 40)
     y0 = lora(x)
-    aug = lora._augmented(torch.float32).weight
-    assert lin.weight.untyped_storage().data_ptr() == aug.untyped_storage().data_ptr()
+    w = lora._compute_weights(torch.float32).weight
+    assert w.data_ptr() == lin.weight.data_ptr()  # the master, detached: no copy
     assert torch.equal(lin.weight, w0) and torch.equal(lora.state_dict()["base.weight"], w0)
     assert torch.allclose(y0, x @ w0.t() + lin.bias, atol=1e-6)  # B = 0
     lora.load_state_dict({**lora.state_dict(), "base.weight": 2 * w0})
     assert torch.allclose(lora(x), x @ (2 * w0).t() + lin.bias, atol=1e-5)
-    assert lora._augmented(torch.float32).weight is aug
+    assert lora._compute_weights(torch.float32).weight is w
 
 
 def _llama_pair(targets):

@@ -2,7 +2,8 @@
 
     tokenizer/shards.py wrote train.bin / val.bin (memory-mapped)
       -> batches.BatchSampler: seeded random windows; one global batch per step, sliced per rank / micro-batch
-      -> loop.train (PyTorch): GPT, loss.py (cross-entropy where a target is) -> AdamW (decoupled decay)
+      -> loop.train (PyTorch): GPT, loss.py (cross-entropy where a target is: through the logits,
+         cross_entropy.py, or without them for a frozen head, frozen_head.py) -> AdamW (decoupled decay)
          + nn.schedule.lr_at + clipping, gradient accumulation, bf16/fp16 autocast (precision.py),
          torch.compile, DDP (distributed.py),
          checkpoints last.pt / best.pt with RNG + data position (checkpoint.py) -> bit-exact resume

@@ -21,29 +21,24 @@ separate adapters, but the P adapters sharing an input run as one.
 
 Why the product is written by hand (`_LoRAProduct`): per adapter, the plain graph is ~8 thin matmuls and adds
 (x @ A.T is [N, r]) each a full pass over an [N, in] or [N, out] activation. With 210 adapters on SmolLM2 they
-cost LoRA ~0.5 s of a ~3 s step. Here the frozen weight sits beside s B in one buffer [W | s B | 0], so the
-backward's base matmul also yields what A's gradient needs (N-augmented), and the forward adds the whole group's
-update to y as one rank-P r product, in place:
+cost LoRA ~0.5 s of a ~3 s step. Here a group of adapters sharing an input is a handful of products:
 
-    y = x W^T,  y += (x A^T) (s B)^T                                    one thin product and one rank-P r update
-    g @ [W | s B | 0] = [g W | g s B | .]: grad_x's base part and g_xa = g s B (A's gradient) in one matmul
+    xa = x A^T;  y = x W^T;  y += xa (s B)^T                    one thin product and one rank-P r update, in place
+    g_xa = g (s B);  grad_x = g W, += g_xa A;  grad_A = g_xa^T x;  grad_B = the diagonal blocks of g^T xa
 
-so what is left per group of adapters is x A^T, one rank-P r correction of grad_x and the two thin weight
-gradients. On CPU each direction is one C++ call (lora_ops.cpp: the same ATen products, without ~20
-Python-dispatched ops around them); elsewhere, or without a compiler, the same products from Python. B's gradient
-is the whole g^T (x A^T) [out, P r] of which each part keeps its diagonal block (its rows of B only meet its own
-output rows): one product that reads g once ran faster than one [r]-wide product per part.
-(The forward once rode inside the base matmul as well, as [x | x A^T | 0] @ [W | s B | 0]^T; that needed a
-fresh augmented copy of x per product, whose copy and new pages cost more than the in-place update of y.) K is
-padded with zero columns to a multiple of 32: an odd K (600, 1544) ran 1.3-1.5x slower than the padded one in
-bf16 on an AMX Xeon, the padding costs at most 32 / in of the matmul elsewhere. With dropout, or an unfrozen
-base, the layer uses the plain autograd path (same forward).
+On CPU each direction is one C++ call (lora_ops.cpp: the same ATen products, without ~20 Python-dispatched ops
+around them); elsewhere, or without a compiler, the same products from Python. B's gradient is the whole
+g^T xa [out, P r] of which each part keeps its diagonal block (its rows of B only meet its own output rows): one
+product that reads g once ran faster than one [r]-wide product per part. W and s B are separate, contiguous
+tensors. (They once shared one buffer [W | s B | 0] so that g @ [W | s B] gave g W and g s B in one matmul; but
+the forward then multiplied by a strided view of W, which oneDNN repacks on every call: 0.3-0.8 ms more per
+product than a contiguous W, and on 2 threads a fresh packing buffer from the allocator each time, ~37K page
+faults a SmolLM2 step.) With dropout, or an unfrozen base, the layer uses the plain autograd path (same forward).
 
-The frozen weight is held in the augmented layout [out, K] in the compute dtype (bf16 under autocast: QLoRA's
-observation, a base that is never updated need not be re-cast from its float32 master every step), built once
-and rebuilt only when the master changes (in-place write, load_state_dict, .to()); in the master's own dtype
-(float32 training) the master itself becomes a view into it, so the weight is not held twice; the s B columns are
-rewritten when B changes (once per optimiser step). The float32 master stays the weight: `merged()` and the
+The frozen weight is held in the compute dtype (bf16 under autocast: QLoRA's observation, a base that is never
+updated need not be re-cast from its float32 master every step), cast once and again only when the master changes
+(in-place write, load_state_dict, .to()); in the master's own dtype (float32 training) it is the master itself;
+s B is made anew when B changes (once per optimiser step). The float32 master stays the weight: `merged()` and the
 saved model use it, never the copy (not a buffer: never saved).
 """
 from __future__ import annotations
@@ -63,9 +58,6 @@ from tinystack.config import FinetuneConfig
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
 # c_fc; Llama: the rest); the output head and the embeddings stay frozen (tied in most small models).
 DEFAULT_TARGETS = tuple(FinetuneConfig().lora_targets)
-K_MULTIPLE = 32  # the augmented matmul's K is padded to this (bf16 tile width: 32 values of 2 bytes = 64 bytes)
-
-
 class _Parts:
     """Where each adapter of a (possibly fused) layer lives: rows of the output, rows of B, columns of s B.
 
@@ -108,63 +100,58 @@ def _native_ops():
                         ops="tinystack_lora")
 
 
-def _ops(wc: torch.Tensor):
+def _ops(w: torch.Tensor):
     """The product as one C++ call each way (lora_ops.cpp) for CPU tensors, or None: no compiler (one warning)
     or another device, where the PyTorch calls below compute the same."""
-    return _native_ops() if wc.device.type == "cpu" else None
+    return _native_ops() if w.device.type == "cpu" else None
 
 
-class _AugmentedWeight:
-    """LoRALinear's cache: [W | s B spread | 0] in the compute dtype, and a copy of the B it holds (a new tensor
-    each time B changes, so a forward's B stays as it was)."""
+class _ComputeWeights:
+    """LoRALinear's cache: the frozen weight in the compute dtype (the master itself when that is its dtype), s B
+    spread [out, P r] in it, and a copy of the B that was made from. s B is a new tensor each time B changes, so
+    the one a forward used is still there, unchanged, for its backward."""
 
     def __init__(self, key: tuple, weight: torch.Tensor) -> None:
-        self.key, self.weight, self.b = key, weight, None
+        self.key, self.weight, self.sb, self.b = key, weight, None, None
 
 
 class _LoRAProduct(torch.autograd.Function):
-    """y = x W^T + s (x A^T) B^T + b for 2-D x, with wc = aug.weight = [W | s B spread | 0] (frozen, LoRALinear's
-    cache); gradients for x, A and B only. Computed in wc's dtype; y in it, the gradients in their inputs' dtypes."""
+    """y = x W^T + (x A^T) (s B)^T + b for 2-D x, with W and s B from LoRALinear's cache (`cw`: frozen, contiguous,
+    in the compute dtype); gradients for x, A and B only. Computed in W's dtype; y in it, the gradients in their
+    inputs' dtypes."""
 
     @staticmethod
-    def forward(ctx, x, aug, bias, lora_a, lora_b, scale, parts):
-        wc = aug.weight
-        if (ops := _ops(wc)) is not None:
-            y, xb, xa = ops.lora_fwd(x, wc, bias, lora_a)
+    def forward(ctx, x, cw, bias, lora_a, lora_b, scale, parts):
+        w, sb = cw.weight, cw.sb
+        if (ops := _ops(w)) is not None:
+            y, xb, xa = ops.lora_fwd(x, w, sb, bias, lora_a)
         else:  # the same calls from Python
-            dt, n_in, width = wc.dtype, x.shape[1], lora_a.shape[0]
+            dt = w.dtype
             xb = x.to(dt)
             xa = xb @ lora_a.to(dt).t()  # [N, P r]
-            y = F.linear(xb, wc[:, :n_in], bias.to(dt) if bias is not None else None)
-            y.addmm_(xa, wc[:, n_in:n_in + width].t())  # + s (x A^T) B^T
+            y = F.linear(xb, w, bias.to(dt) if bias is not None else None)
+            y.addmm_(xa, sb.t())  # + s (x A^T) B^T
         ctx.save_for_backward(xb, xa, lora_a)
-        # the next changed B rewrites wc's s B columns in place and replaces aug.b: the backward reads the W part
-        # (never rewritten: a changed master gets a new tensor) and, if B has changed since, this forward's B
-        ctx.aug, ctx.b = aug, aug.b
+        ctx.w, ctx.sb = w, sb  # this forward's s B: a changed B gets a new tensor, never a write into this one
         ctx.scale, ctx.parts, ctx.dtypes = scale, parts, (x.dtype, lora_a.dtype, lora_b.dtype)
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, xa, lora_a = ctx.saved_tensors
-        wc = ctx.aug.weight
+        w, sb = ctx.w, ctx.sb
         x_dtype, a_dtype, b_dtype = ctx.dtypes
-        n_in, width = lora_a.shape[1], lora_a.shape[0]
-        fresh = ctx.aug.b is ctx.b  # else B changed between the forward and this backward (gradcheck does it)
-        sb = wc[:, n_in:n_in + width] if fresh else ctx.parts.spread((ctx.b * ctx.scale).to(wc.dtype))
-        if (ops := _ops(wc)) is not None:
-            grad_x, grad_a, grad_b = ops.lora_bwd(g, wc, x, xa, lora_a, sb, fresh, ctx.needs_input_grad[0],
-                                                  ctx.parts.flat_spans, ctx.parts.rank, ctx.scale)
+        need_x = ctx.needs_input_grad[0]  # the first layer's input needs no gradient
+        if (ops := _ops(w)) is not None:
+            grad_x, grad_a, grad_b = ops.lora_bwd(g, w, sb, x, xa, lora_a, need_x, ctx.parts.flat_spans,
+                                                  ctx.parts.rank, ctx.scale)
             return (None if grad_x is None else grad_x.to(x_dtype), None, None, grad_a.to(a_dtype),
                     grad_b.to(b_dtype), None, None)
-        g, a = g.to(wc.dtype), lora_a.to(wc.dtype)
-        # [N, K]: g W (grad_x's base part) and g s B (= d loss / d (x A^T)) side by side; the first layer's input
-        # needs no gradient, only the thin part
-        gw = g @ wc if ctx.needs_input_grad[0] else None
-        g_xa = gw[:, n_in:n_in + width] if gw is not None and fresh else g @ sb
-        grad_x = None if gw is None else torch.addmm(gw[:, :n_in], g_xa, a).to(x_dtype)  # + the adapter's path
+        g, a = g.to(w.dtype), lora_a.to(w.dtype)
+        g_xa = g @ sb  # d loss / d (x A^T) [N, P r]
+        grad_x = (g @ w).addmm_(g_xa, a).to(x_dtype) if need_x else None  # g W + the adapter's path
         grad_a = (g_xa.t() @ x).to(a_dtype)  # [P r, in]
-        grad_b = ctx.parts.gather((xa.t() @ g).t()).mul_(ctx.scale).to(b_dtype)  # [b_rows, r]
+        grad_b = ctx.parts.gather(g.t() @ xa).mul_(ctx.scale).to(b_dtype)  # [b_rows, r]
         return grad_x, None, None, grad_a, grad_b, None, None
 
 
@@ -214,33 +201,27 @@ class LoRALinear(nn.Module):
         if torch.is_autocast_enabled(device) and dtype.is_floating_point:
             dtype = torch.get_autocast_dtype(device)
         with torch.autocast(device, enabled=False):  # the product casts for itself (to the copy's dtype)
-            y = _LoRAProduct.apply(x.reshape(-1, x.shape[-1]), self._augmented(dtype), self.base.bias, self.lora_A,
-                                   self.lora_B, self.scale, self.parts)
+            y = _LoRAProduct.apply(x.reshape(-1, x.shape[-1]), self._compute_weights(dtype), self.base.bias,
+                                   self.lora_A, self.lora_B, self.scale, self.parts)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    def _augmented(self, dtype: torch.dtype) -> _AugmentedWeight:
-        """[W | s B spread | 0] in `dtype`, [out, in + P r rounded up to K_MULTIPLE]: the frozen weight copied
-        once (again only when the master changes), the s B columns rewritten when B changed (compared by value:
-        B is [rows, r], and the fused AdamW step writes it without bumping its version counter)."""
+    def _compute_weights(self, dtype: torch.dtype) -> _ComputeWeights:
+        """W and s B spread in `dtype`: the frozen weight cast once (again only when the master changes; the master
+        itself when it is in `dtype`), s B made anew when B changed (compared by value: B is [rows, r], and the
+        fused AdamW step writes it without bumping its version counter)."""
         w, b = self.base.weight, self.lora_B
-        n_in, width = w.shape[1], self.parts.width
-        aug = getattr(self, "_weight_copy", None)
-        if aug is None or aug.key != self._key(dtype):
-            k = -(-(n_in + width) // K_MULTIPLE) * K_MULTIPLE
-            wc = torch.zeros(w.shape[0], k, dtype=dtype, device=w.device)
-            wc[:, :n_in].copy_(w.detach())
-            if dtype == w.dtype:  # computing in the master's own dtype: the master moves into the buffer (a view),
-                self.base.weight.data = wc[:, :n_in]  # so the frozen weight is held once, not twice
-            self._weight_copy = aug = _AugmentedWeight(self._key(dtype), wc)
-        if aug.b is None or not torch.equal(aug.b, b):  # by value: fused AdamW bumps no version counter
+        cw = getattr(self, "_weight_copy", None)
+        if cw is None or cw.key != self._key(dtype):
+            self._weight_copy = cw = _ComputeWeights(self._key(dtype), w.detach().to(dtype).contiguous())
+        if cw.b is None or not torch.equal(cw.b, b):  # by value: fused AdamW bumps no version counter
             with torch.no_grad():
-                self.parts.spread((b * self.scale).to(dtype), out=aug.weight[:, n_in:n_in + width])
-            aug.b = b.detach().clone()
-        return aug
+                cw.sb = self.parts.spread((b * self.scale).to(dtype)).contiguous()
+            cw.b = b.detach().clone()
+        return cw
 
     def _key(self, dtype: torch.dtype) -> tuple:
-        """What the cached buffer depends on: the master's place and, for a copy, its version (an in-place write or
-        load_state_dict bumps it). A master living in the buffer needs no version: writes to it are the buffer's."""
+        """What the cached weight depends on: the master's place and, for a copy, its version (an in-place write or
+        load_state_dict bumps it). The master itself needs no version: writes to it are its own."""
         w = self.base.weight
         return dtype, w.device, w.data_ptr(), None if dtype == w.dtype else w._version
 

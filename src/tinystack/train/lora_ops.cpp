@@ -4,14 +4,14 @@
 // casts, thin products) plus the autograd Function's Python, ~0.5 ms of overhead per product and direction.
 // Here the same products run from C++.
 //
-//   lora_fwd(x [N, in], wc [out, K] = [W | s B spread | 0], bias (or None), a [P r, in])
-//        -> y = x W^T (+ bias) + (x a^T) (s B)^T [N, out],  x and x a^T in wc's dtype (the backward's operands)
-//   lora_bwd(g [N, out], wc, x, xa, a, sb [out, P r], sb_in_wc, need_x, spans, rank, scale)
+//   lora_fwd(x [N, in], w [out, in], sb [out, P r], bias (or None), a [P r, in])
+//        -> y = x w^T (+ bias) + (x a^T) sb^T [N, out],  x and x a^T in w's dtype (the backward's operands)
+//   lora_bwd(g [N, out], w, sb, x, xa, a, need_x, spans, rank, scale)
 //        -> grad_x [N, in] (undefined unless need_x), grad_a [P r, in], grad_b [rows of B, r]
 //
-// sb is the s B spread the forward used; sb_in_wc says it is still wc's own columns (B has not changed since the
-// forward), so g sB comes out of the g wc product for free. spans: (first output row, rows) of each adapted
-// part, in B's row order. Everything is computed in wc's dtype; the caller casts the gradients to its own.
+// w is the frozen weight and sb = s B spread (part j's rows of B in columns j r .. (j + 1) r), both contiguous in
+// the compute dtype; spans: (first output row, rows) of each adapted part, in B's row order. Everything is
+// computed in w's dtype; the caller casts the gradients to its own.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
@@ -24,34 +24,29 @@ namespace tinystack_lora {
 
 using at::Tensor;
 
-std::tuple<Tensor, Tensor, Tensor> lora_fwd(const Tensor& x_, const Tensor& wc_, const std::optional<Tensor>& bias,
-                                            const Tensor& a_) {
+std::tuple<Tensor, Tensor, Tensor> lora_fwd(const Tensor& x_, const Tensor& w_, const Tensor& sb_,
+                                            const std::optional<Tensor>& bias, const Tensor& a_) {
   // detached: the products write into given outputs, which autograd refuses (the Function owns the gradients)
-  const Tensor wc = wc_.detach(), a = a_.detach();
-  TORCH_CHECK(x_.dim() == 2 && wc.dim() == 2 && a.dim() == 2 && a.size(1) == x_.size(1),
-              "lora_fwd: x [N, in], wc [out, K], a [P r, in]");
-  const int64_t n_in = x_.size(1), width = a.size(0), K = wc.size(1);
-  TORCH_CHECK(K >= n_in + width, "lora_fwd: wc has no room for the adapter's columns");
-  const auto dt = wc.scalar_type();
+  const Tensor w = w_.detach(), sb = sb_.detach(), a = a_.detach();
+  TORCH_CHECK(x_.dim() == 2 && w.dim() == 2 && a.dim() == 2 && a.size(1) == x_.size(1) && w.size(1) == x_.size(1)
+                  && sb.size(0) == w.size(0) && sb.size(1) == a.size(0),
+              "lora_fwd: x [N, in], w [out, in], sb [out, P r], a [P r, in]");
+  const auto dt = w.scalar_type();
   const Tensor x = x_.detach().to(dt), ac = a.to(dt);
   const Tensor xa = at::mm(x, ac.t());  // [N, P r]
-  const Tensor w = wc.narrow(1, 0, n_in), sb = wc.narrow(1, n_in, width);
   Tensor y = bias.has_value() && bias->defined() ? at::addmm(bias->detach().to(dt), x, w.t()) : at::mm(x, w.t());
   y.addmm_(xa, sb.t());  // + s (x A^T) B^T
   return {y, x, xa};
 }
 
-std::tuple<Tensor, Tensor, Tensor> lora_bwd(const Tensor& g_, const Tensor& wc_, const Tensor& x_, const Tensor& xa_,
-                                            const Tensor& a_, const Tensor& sb_, bool sb_in_wc, bool need_x,
+std::tuple<Tensor, Tensor, Tensor> lora_bwd(const Tensor& g_, const Tensor& w_, const Tensor& sb_, const Tensor& x_,
+                                            const Tensor& xa_, const Tensor& a_, bool need_x,
                                             at::IntArrayRef spans, int64_t rank, double scale) {
-  const Tensor wc = wc_.detach(), xs = x_.detach(), xa = xa_.detach(), sb = sb_.detach();
-  const Tensor g = g_.detach().to(wc.scalar_type()), ac = a_.detach().to(wc.scalar_type());
-  const int64_t n_in = ac.size(1), width = ac.size(0), parts = int64_t(spans.size()) / 2;
+  const Tensor w = w_.detach(), sb = sb_.detach(), xs = x_.detach(), xa = xa_.detach();
+  const Tensor g = g_.detach().to(w.scalar_type()), ac = a_.detach().to(w.scalar_type());
+  const int64_t width = ac.size(0), parts = int64_t(spans.size()) / 2;
   TORCH_CHECK(parts * rank == width, "lora_bwd: spans do not match the adapter's rows");
-  // [g W | g s B | 0]: grad_x's base part and d loss / d (x a^T) side by side in one product
-  Tensor gw, g_xa;
-  if (need_x) gw = at::mm(g, wc);
-  g_xa = need_x && sb_in_wc ? gw.narrow(1, n_in, width) : at::mm(g, sb);
+  const Tensor g_xa = at::mm(g, sb);  // d loss / d (x A^T) [N, P r]
   // B's gradient: part j's rows of B only ever meet part j's output rows and rank columns, the diagonal blocks of
   // g^T (x a^T) [out, P r]. One product of the whole and its blocks copied out: a product per part (r columns
   // each) ran slower than the whole one, which reads g once.
@@ -65,7 +60,8 @@ std::tuple<Tensor, Tensor, Tensor> lora_bwd(const Tensor& g_, const Tensor& wc_,
     b_row += size;
   }
   grad_b.mul_(scale);
-  Tensor grad_x = need_x ? at::addmm(gw.narrow(1, 0, n_in), g_xa, ac) : Tensor();  // + the adapter's path
+  Tensor grad_x;
+  if (need_x) grad_x = at::mm(g, w).addmm_(g_xa, ac);  // g W + the adapter's path, in place
   Tensor grad_a = at::mm(g_xa.t(), xs);
   return {grad_x, grad_a, grad_b};
 }
