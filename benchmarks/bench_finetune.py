@@ -45,6 +45,7 @@ often a step meets fresh pages from the allocator, ~2 us each here, depends on w
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import statistics
@@ -225,7 +226,7 @@ def _paired_worker(conn, model_dir: Path, ft: FinetuneConfig | None, tcfg: Train
     conn.send("ready")
     while conn.recv() == "step":
         ids = rng.integers(0, 49152, (tcfg.batch_size, seq + 1))
-        timing = timed(lambda: step(ids[:, :-1], ids[:, 1:]))
+        timing = timed(functools.partial(step, ids[:, :-1], ids[:, 1:]))
         conn.send((timing.wall_s, timing.cpu_s))
 
 

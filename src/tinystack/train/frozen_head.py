@@ -15,8 +15,8 @@ followed by train.cross_entropy, computed in the same dtypes (the head's matmul 
 float32 or better).
 
 Under autocast the head's weight is cast to the compute dtype once and kept while it is unchanged (keyed by its
-version counter), as autocast would otherwise cast its float32 master every step. Without the C++ row loops
-(other devices, no compiler) the blocks use PyTorch ops to the same effect.
+version counter and storage), as autocast would otherwise cast its float32 master every step. Without the C++
+row loops (other devices, no compiler) the blocks use PyTorch ops to the same effect.
 
     frozen_head_loss(h [N, C], weight [V, C], targets [N], ignore_index) -> mean loss (0-dim, float32+)
 """
@@ -29,7 +29,7 @@ import torch
 from tinystack.model import fused_ops
 
 BLOCK_BYTES = 24 << 20  # logits per block (rows x V x element size), one buffer reused for every block: each
-# product packs W anew, so small blocks pay that many times (8 MiB: slower than no blocks at all), while
+# product packs W anew, so small blocks pay that many times (2-4 MiB: slower than no blocks at all), while
 # blocks past ~32 MiB fall out of cache between their passes (SmolLM2 in bf16: 256 rows a block)
 
 
