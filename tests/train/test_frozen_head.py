@@ -156,3 +156,17 @@ def test_apply_head_false_returns_the_heads_input(kind):
     h = model(x, apply_head=False)[0]
     assert h.shape == (2, 16, 16)
     assert torch.allclose(model.get_submodule("lm_head")(h), model(x)[0], atol=1e-6)
+
+
+def test_the_frozen_path_keeps_nothing_vocabulary_sized_for_the_backward():
+    """What makes it cheaper: the logits path saves [N, V] logits for its backward, the frozen path only
+    d loss / d h [N, C]; checked through autograd's saved-tensor hooks."""
+    model = _model("llama", lora=True)
+    x, y = torch.randint(0, 41, (2, 16)), torch.randint(0, 41, (2, 16))
+    for frozen in (True, False):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            loss = next_token_loss(model, x, y) if frozen else lm_loss(*target_logits(model, x, y))
+        vocab_sized = [s for s in saved if len(s) >= 2 and s[-1] == 41 and s.numel() >= 32 * 41]
+        assert bool(vocab_sized) != frozen, (frozen, vocab_sized)
+        loss.backward()
