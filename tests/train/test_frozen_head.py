@@ -164,8 +164,12 @@ def test_the_frozen_path_keeps_nothing_vocabulary_sized_for_the_backward():
     model = _model("llama", lora=True)
     x, y = torch.randint(0, 41, (2, 16)), torch.randint(0, 41, (2, 16))
     for frozen in (True, False):
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        saved: list[torch.Size] = []
+
+        def pack(t, saved=saved):
+            saved.append(t.shape)
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = next_token_loss(model, x, y) if frozen else lm_loss(*target_logits(model, x, y))
         vocab_sized = [s for s in saved if len(s) >= 2 and s[-1] == 41 and s.numel() >= 32 * 41]
         assert bool(vocab_sized) != frozen, (frozen, vocab_sized)
