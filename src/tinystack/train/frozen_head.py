@@ -14,19 +14,19 @@ them (model/fused_ops.cpp's row loops, the same as train/cross_entropy.py's) and
 followed by train.cross_entropy, computed in the same dtypes (the head's matmul in the compute dtype, the loss in
 float32 or better).
 
-Under autocast the head's weight is cast to the compute dtype once and kept while it is unchanged (keyed by its
-version counter and storage), as autocast would otherwise cast its float32 master every step. Without the C++
+Under autocast the head's weight is cast to the compute dtype once and kept while it is unchanged
+(train/kept_cast.py), as autocast would otherwise cast its float32 master every step. Without the C++
 row loops (other devices, no compiler) the blocks use PyTorch ops to the same effect.
 
     frozen_head_loss(h [N, C], weight [V, C], targets [N], ignore_index) -> mean loss (0-dim, float32+)
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from tinystack.model import fused_ops
+from tinystack.train.cross_entropy import _native  # the C++ rows serve this dtype and device
+from tinystack.train.kept_cast import kept_cast
 
 BLOCK_BYTES = 24 << 20  # logits per block (rows x V x element size), one buffer reused for every block: each
 # product packs W anew, so small blocks pay that many times (2-4 MiB: slower than no blocks at all), while
@@ -79,30 +79,6 @@ def _softmax_grad_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tenso
     logits.copy_(p.mul_(scale[:, None].to(cdt)))
 
 
-def _native(h: torch.Tensor) -> bool:
-    return (h.device.type == "cpu" and h.dtype in (torch.bfloat16, torch.float32)
-            and fused_ops.extension() is not None)
-
-
-_casts: dict[int, tuple] = {}  # id(weight) -> (weakref to it, (version, data_ptr, dtype), copy): one per head
-
-
-def _weight_in(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The frozen weight in `dtype`: itself, or a copy kept until the weight changes (its version counter moves:
-    an in-place write, an optimiser step, load_state_dict; or its storage is replaced) or another dtype is asked
-    for."""
-    if weight.dtype == dtype:
-        return weight.detach()
-    if weight.requires_grad:  # a trained head (evaluated under no_grad): it changes every step, so never kept
-        return weight.detach().to(dtype)
-    key, state = id(weight), (weight._version, weight.data_ptr(), dtype)  # data_ptr: `.data =` a new tensor
-    cached = _casts.get(key)
-    if cached is None or cached[0]() is not weight or cached[1] != state:
-        ref = weakref.ref(weight, lambda _, key=key: _casts.pop(key, None))
-        cached = _casts[key] = (ref, state, weight.detach().to(dtype))
-    return cached[2]
-
-
 def frozen_head_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """Mean cross-entropy of the logits h W^T [N, V] against targets [N] (rows with `ignore_index` skipped; NaN
     when every row is), without materialising the logits; gradient for h only (W must not need one). The matmul
@@ -112,4 +88,4 @@ def frozen_head_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     device = h.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     with torch.autocast(device, enabled=False):
-        return _FrozenHeadCrossEntropy.apply(h.to(dtype), _weight_in(weight, dtype), targets, ignore_index)
+        return _FrozenHeadCrossEntropy.apply(h.to(dtype), kept_cast(weight, dtype), targets, ignore_index)

@@ -54,10 +54,13 @@ from torch import nn
 
 from tinystack import native
 from tinystack.config import FinetuneConfig
+from tinystack.train.kept_cast import kept_cast
 
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
 # c_fc; Llama: the rest); the output head and the embeddings stay frozen (tied in most small models).
 DEFAULT_TARGETS = tuple(FinetuneConfig().lora_targets)
+
+
 class _Parts:
     """Where each adapter of a (possibly fused) layer lives: rows of the output, rows of B, columns of s B.
 
@@ -75,12 +78,11 @@ class _Parts:
         self.flat_spans = [n for row, size, _ in self.spans for n in (row, size)]  # lora_ops.cpp's form
         self.whole = len(self.spans) == 1 and self.b_rows == self.out  # one adapter on every row: no spreading
 
-    def spread(self, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """B [b_rows, r] -> [out, P r], part j's rows in columns j r .. (j + 1) r, zeros elsewhere (autograd-safe
-        when `out` is None; with `out`, written in place)."""
-        if self.whole and out is None:
+    def spread(self, b: torch.Tensor) -> torch.Tensor:
+        """B [b_rows, r] -> [out, P r], part j's rows in columns j r .. (j + 1) r, zeros elsewhere (autograd-safe)."""
+        if self.whole:
             return b
-        full = b.new_zeros(self.out, self.width) if out is None else out.zero_()
+        full = b.new_zeros(self.out, self.width)
         r = self.rank
         for j, (row, size, b_row) in enumerate(self.spans):
             full[row:row + size, j * r:(j + 1) * r] = b[b_row:b_row + size]
@@ -107,12 +109,12 @@ def _ops(w: torch.Tensor):
 
 
 class _ComputeWeights:
-    """LoRALinear's cache: the frozen weight in the compute dtype (the master itself when that is its dtype), s B
-    spread [out, P r] in it, and a copy of the B that was made from. s B is a new tensor each time B changes, so
-    the one a forward used is still there, unchanged, for its backward."""
+    """LoRALinear's cache: the frozen weight in the compute dtype (train/kept_cast.py), s B spread [out, P r] in it,
+    and a copy of the B that was made from. s B is a new tensor each time B changes, so the one a forward used is
+    still there, unchanged, for its backward."""
 
-    def __init__(self, key: tuple, weight: torch.Tensor) -> None:
-        self.key, self.weight, self.sb, self.b = key, weight, None, None
+    def __init__(self, weight: torch.Tensor, sb: torch.Tensor, b: torch.Tensor) -> None:
+        self.weight, self.sb, self.b = weight, sb, b
 
 
 class _LoRAProduct(torch.autograd.Function):
@@ -206,24 +208,16 @@ class LoRALinear(nn.Module):
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def _compute_weights(self, dtype: torch.dtype) -> _ComputeWeights:
-        """W and s B spread in `dtype`: the frozen weight cast once (again only when the master changes; the master
-        itself when it is in `dtype`), s B made anew when B changed (compared by value: B is [rows, r], and the
-        fused AdamW step writes it without bumping its version counter)."""
-        w, b = self.base.weight, self.lora_B
+        """W and s B spread in `dtype`: the frozen weight cast once (kept_cast: again only when the master changes;
+        the master itself when it is in `dtype`), s B made anew when W's copy or B changed (B compared by value: it
+        is [rows, r], and the fused AdamW step writes it without bumping its version counter)."""
+        w, b = kept_cast(self.base.weight, dtype), self.lora_B
         cw = getattr(self, "_weight_copy", None)
-        if cw is None or cw.key != self._key(dtype):
-            self._weight_copy = cw = _ComputeWeights(self._key(dtype), w.detach().to(dtype).contiguous())
-        if cw.b is None or not torch.equal(cw.b, b):  # by value: fused AdamW bumps no version counter
+        if cw is None or cw.weight is not w or not torch.equal(cw.b, b):
             with torch.no_grad():
-                cw.sb = self.parts.spread((b * self.scale).to(dtype)).contiguous()
-            cw.b = b.detach().clone()
+                sb = self.parts.spread((b * self.scale).to(dtype)).contiguous()
+            self._weight_copy = cw = _ComputeWeights(w, sb, b.detach().clone())
         return cw
-
-    def _key(self, dtype: torch.dtype) -> tuple:
-        """What the cached weight depends on: the master's place and, for a copy, its version (an in-place write or
-        load_state_dict bumps it). The master itself needs no version: writes to it are its own."""
-        w = self.base.weight
-        return dtype, w.device, w.data_ptr(), None if dtype == w.dtype else w._version
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
