@@ -113,16 +113,20 @@ def test_adapter_init_and_scale():
 
 @pytest.mark.parametrize("bias, parts", [(False, None), (True, None), (True, ([5, 3, 4], [True, False, True]))])
 @pytest.mark.parametrize("need_x", [True, False])
-@pytest.mark.parametrize("product", ["C++", "PyTorch"])
+@pytest.mark.parametrize("product", ["C++", "C++ rows split", "PyTorch"])
 def test_hand_written_backward_equals_autograd(bias, parts, need_x, product, monkeypatch):
     """The hand-written product against autograd's graph of the same layer (gradcheck also changes B between a
     forward and its backward: the backward must use the forward's B), for one adapter and for a fused layer
-    with two of its three parts adapted, with and without the input's gradient (a first layer's), both as
-    the C++ calls (lora_ops.cpp) and as the PyTorch calls used without a compiler."""
+    with two of its three parts adapted, with and without the input's gradient (a first layer's), as the C++
+    calls (linear_ops.cpp) with the large product in one call and with its rows split over threads (as
+    train/matmul_plan.py may plan it: 80 rows, two blocks of 64 and 16), and as the PyTorch calls used without
+    a compiler."""
     if product == "PyTorch":
         monkeypatch.setattr(lora_module, "_ops", lambda wc: None)
     elif lora_module._ops(torch.empty(0)) is None:
         pytest.skip("needs the C++ extension (a C++ compiler)")
+    if product == "C++ rows split":
+        monkeypatch.setattr(lora_module, "row_parts", lambda a, b: 2)
     torch.manual_seed(0)
     out = sum(parts[0]) if parts else 5
     lin = torch.nn.Linear(6, out, bias=bias).double()
@@ -130,9 +134,9 @@ def test_hand_written_backward_equals_autograd(bias, parts, need_x, product, mon
     with torch.no_grad():
         lora.lora_B.normal_()
     assert lora.lora_A.shape == (6 if parts else 3, 6) and lora.lora_B.shape == (9 if parts else 5, 3)
-    x = torch.randn(2, 4, 6, dtype=torch.float64, requires_grad=need_x)
+    x = torch.randn(2, 40, 6, dtype=torch.float64, requires_grad=need_x)
     assert torch.autograd.gradcheck(lambda x, a, b: _with(lora, a, b)(x), (x, lora.lora_A, lora.lora_B))
-    g = torch.randn(2, 4, out, dtype=torch.float64)
+    g = torch.randn(2, 40, out, dtype=torch.float64)
     grads = []
     for path in ("hand", "autograd"):
         lora.dropout = torch.nn.Identity() if path == "hand" else torch.nn.Dropout(0.0)  # Dropout -> plain path

@@ -23,8 +23,9 @@ import torch.nn as nn
 
 
 def _fusable(layer: nn.Module) -> bool:
-    """A type whose tensors are all indexed by output row: nn.Linear, or one that provides `concat`."""
-    return type(layer) is nn.Linear or hasattr(type(layer), "concat")
+    """A type whose tensors are all indexed by output row: nn.Linear (or a subclass that keeps its tensors, as
+    the trainer's PlannedLinear), or one that provides `concat`."""
+    return isinstance(layer, nn.Linear) or hasattr(type(layer), "concat")
 
 
 def _concat(layers: list[nn.Module]) -> nn.Module | None:

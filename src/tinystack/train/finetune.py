@@ -47,15 +47,18 @@ def train_config(cfg: Config) -> TrainConfig:
 def build_model(base_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
     """The base model in float32, its projections fused where the family has them (q/k/v, gate/up: the same
     function from fewer, larger matmuls; saved under the original names), with LoRA adapters (the rest frozen)
-    when ft.lora > 0: one per targeted original projection."""
+    when ft.lora > 0: one per targeted original projection; its linear layers' products planned per shape
+    (train/planned_linear.py: the same products, each spread over the threads the way measured fastest)."""
     from tinystack.model.io import load_model
     from tinystack.train.lora import inject_lora
+    from tinystack.train.planned_linear import plan_linears
 
     model = load_model(base_dir)
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
     if ft.lora > 0:
         inject_lora(model, ft.lora, ft.lora_alpha, ft.lora_targets, ft.lora_dropout)
+    plan_linears(model)
     return model
 
 

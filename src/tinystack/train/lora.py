@@ -26,10 +26,11 @@ cost LoRA ~0.5 s of a ~3 s step. Here a group of adapters sharing an input is a 
     xa = x A^T;  y = x W^T;  y += xa (s B)^T                    one thin product and one rank-P r update, in place
     g_xa = g (s B);  grad_x = g W, += g_xa A;  grad_A = g_xa^T x;  grad_B = the diagonal blocks of g^T xa
 
-On CPU each direction is one C++ call (lora_ops.cpp: the same ATen products, without ~20 Python-dispatched ops
-around them); elsewhere, or without a compiler, the same products from Python. B's gradient is the whole
-g^T xa [out, P r] of which each part keeps its diagonal block (its rows of B only meet its own output rows): one
-product that reads g once ran faster than one [r]-wide product per part. W and s B are separate, contiguous
+On CPU each direction is one C++ call (linear_ops.cpp: the same ATen products, without ~20 Python-dispatched ops
+around them; the large product, x W^T or g W, spread over the threads as train/matmul_plan.py planned for its
+shape); elsewhere, or without a compiler, the same products from Python. B's gradient is the whole g^T xa
+[out, P r] of which each part keeps its diagonal block (its rows of B only meet its own output rows): one product
+that reads g once ran faster than one [r]-wide product per part. W and s B are separate, contiguous
 tensors. (They once shared one buffer [W | s B | 0] so that g @ [W | s B] gave g W and g s B in one matmul; but
 the forward then multiplied by a strided view of W, which oneDNN repacks on every call: 0.3-0.8 ms more per
 product than a contiguous W, and on 2 threads a fresh packing buffer from the allocator each time, ~37K page
@@ -43,18 +44,16 @@ saved model use it, never the copy (not a buffer: never saved).
 """
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tinystack import native
 from tinystack.config import FinetuneConfig
 from tinystack.train.kept_cast import kept_cast
+from tinystack.train.matmul_plan import linear_ops, row_parts
 
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
 # c_fc; Llama: the rest); the output head and the embeddings stay frozen (tied in most small models).
@@ -75,7 +74,7 @@ class _Parts:
                 b_row += size
             row += size
         self.b_rows, self.width = b_row, rank * len(self.spans)  # B [b_rows, r]; s B spread [out, width]
-        self.flat_spans = [n for row, size, _ in self.spans for n in (row, size)]  # lora_ops.cpp's form
+        self.flat_spans = [n for row, size, _ in self.spans for n in (row, size)]  # linear_ops.cpp's form
         self.whole = len(self.spans) == 1 and self.b_rows == self.out  # one adapter on every row: no spreading
 
     def spread(self, b: torch.Tensor) -> torch.Tensor:
@@ -96,16 +95,10 @@ class _Parts:
         return torch.cat([full[row:row + size, j * r:(j + 1) * r] for j, (row, size, _) in enumerate(self.spans)])
 
 
-@functools.lru_cache(maxsize=1)
-def _native_ops():
-    return native.build("tinystack_lora_ops", [Path(__file__).with_name("lora_ops.cpp")], cflags=["-O3"],
-                        ops="tinystack_lora")
-
-
 def _ops(w: torch.Tensor):
-    """The product as one C++ call each way (lora_ops.cpp) for CPU tensors, or None: no compiler (one warning)
+    """The product as one C++ call each way (linear_ops.cpp) for CPU tensors, or None: no compiler (one warning)
     or another device, where the PyTorch calls below compute the same."""
-    return _native_ops() if w.device.type == "cpu" else None
+    return linear_ops() if w.device.type == "cpu" else None
 
 
 class _ComputeWeights:
@@ -126,7 +119,8 @@ class _LoRAProduct(torch.autograd.Function):
     def forward(ctx, x, cw, bias, lora_a, lora_b, scale, parts):
         w, sb = cw.weight, cw.sb
         if (ops := _ops(w)) is not None:
-            y, xb, xa = ops.lora_fwd(x, w, sb, bias, lora_a)
+            xb = x.to(w.dtype)
+            y, xb, xa = ops.lora_fwd(xb, w, sb, bias, lora_a, row_parts(xb, w.t()))
         else:  # the same calls from Python
             dt = w.dtype
             xb = x.to(dt)
@@ -145,8 +139,9 @@ class _LoRAProduct(torch.autograd.Function):
         x_dtype, a_dtype, b_dtype = ctx.dtypes
         need_x = ctx.needs_input_grad[0]  # the first layer's input needs no gradient
         if (ops := _ops(w)) is not None:
+            g = g.to(w.dtype)
             grad_x, grad_a, grad_b = ops.lora_bwd(g, w, sb, x, xa, lora_a, need_x, ctx.parts.flat_spans,
-                                                  ctx.parts.rank, ctx.scale)
+                                                  ctx.parts.rank, ctx.scale, row_parts(g, w) if need_x else 1)
             return (None if grad_x is None else grad_x.to(x_dtype), None, None, grad_a.to(a_dtype),
                     grad_b.to(b_dtype), None, None)
         g, a = g.to(w.dtype), lora_a.to(w.dtype)
