@@ -37,8 +37,10 @@ holds one), one step of each in turn (the order reversed each round; the others 
 above interleave methods a minute apart, and on a machine whose speed drifts from one second to the next (seen:
 the same step 1.1-2.6 s within minutes) neighbouring steps are the fairest comparison. Reported: each round's
 speedup over full fine-tuning (the workers' CPU seconds, and wall) and their median, which is then the target's
-figure (target_figure: "paired"). (Earlier all models shared one process, which a user's run never does: how
-often a step meets fresh pages from the allocator, ~2 us each here, depends on what else the heap has held.)
+figure (target_figure: "paired"). Each worker keeps freed memory as train_model does ([train] keep_freed_memory,
+train/allocator.py), so its steps meet the allocator a user's run meets. (Earlier all models shared one process,
+which a user's run never does: how often a step met fresh pages from the allocator, ~2 us each here, depended on
+what else the heap had held.)
 
 --quick: 1 trial of 3 steps of 1 x 64 tokens, no curves -> results/finetune_quick.json (untracked): a smoke test.
 """
@@ -60,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import RESULTS, ROOT, alternating, cpu_model, finish, machine, timed
 from tinystack.atomic import write_json
 from tinystack.config import Config, FinetuneConfig, TrainConfig
+from tinystack.train.allocator import keep_freed_memory
 from tinystack.train.finetune import build_model
 from tinystack.train.loop import make_optimizer, train_model
 from tinystack.train.loss import next_token_loss
@@ -173,6 +176,8 @@ def bare_step(model_dir: Path, ft: FinetuneConfig | None, tcfg: TrainConfig, dty
     """A fresh model for this method and its bare step (x, y) -> loss: forward, cross-entropy, backward, clip
     (foreach), AdamW (fused) over the trainable parameters, zero_grad, the loss read."""
     torch.manual_seed(tcfg.seed)  # as train_model seeds before building (LoRA's random init)
+    if tcfg.keep_freed_memory:  # as train_model sets the process's allocator (a paired worker is a process of its own)
+        keep_freed_memory()
     model = builder(ft)(model_dir).train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tcfg.learning_rate, betas=(tcfg.beta1, tcfg.beta2),

@@ -43,6 +43,7 @@ from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.nn.schedule import lr_at
 from tinystack.progress import console
 from tinystack.train import precision
+from tinystack.train.allocator import keep_freed_memory
 from tinystack.train.batches import BatchSampler, eval_batches, get_batch
 from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
@@ -172,6 +173,8 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     info, device = init_distributed(device)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    if cfg.keep_freed_memory:
+        keep_freed_memory()
     dev = torch.device(device)
     precision.check_dtype(cfg.dtype, dev.type)
     torch.manual_seed(cfg.seed)
