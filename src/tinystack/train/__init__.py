@@ -5,7 +5,7 @@
       -> loop.train (PyTorch): GPT, loss.py (cross-entropy where a target is: through the logits,
          cross_entropy.py, or without them for a frozen head, frozen_head.py) -> AdamW (decoupled decay)
          + nn.schedule.lr_at + clipping, gradient accumulation, bf16/fp16 autocast (precision.py),
-         torch.compile, DDP (distributed.py),
+         torch.compile, DDP (distributed.py), freed memory kept for the next step (allocator.py),
          checkpoints last.pt / best.pt with RNG + data position (checkpoint.py) -> bit-exact resume
       -> numpy_loop.train_numpy: the same steps on tinystack.nn's NumPy GPT (hand-written backward)
       -> a JSONL training log, a PNG loss curve (plot.py), a progress bar with loss, tokens/s and ETA
