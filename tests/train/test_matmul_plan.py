@@ -151,3 +151,28 @@ def test_plan_linears_keeps_parameters_ties_and_state_dict():
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert plan_linears(model) == 0
+
+
+def test_planned_layers_compile_with_torch_compile(monkeypatch):
+    """Under torch.compile (`[train] compile`) the layers are traced with fake tensors: nothing is timed (no plan
+    made yet, two threads: a plan would be due), and the compiled PlannedLinear and LoRA layers give eager's values
+    and gradients."""
+    from tinystack.train.lora import LoRALinear
+
+    monkeypatch.setattr(matmul_plan, "_plans", {})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), LoRALinear(nn.Linear(64, 32), 4, 8.0))
+    with torch.no_grad():
+        model[2].lora_B.normal_()
+    plan_linears(model)
+    x = torch.randn(256, 32)
+    grads = []
+    for run in (torch.compile(model), model):  # compiled first: its shapes not planned yet
+        xi = x.clone().requires_grad_()
+        y = run(xi)
+        y.square().sum().backward()
+        grads.append((y.detach(), xi.grad, model[0].weight.grad.clone(), model[2].lora_A.grad.clone()))
+        model.zero_grad()
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(*grads))

@@ -14,7 +14,8 @@ products' time once per shape (a training step has about a dozen shapes); a spli
     plans()          -> {key: parts} planned so far in this process (for tests and benchmarks)
 
 Used by the training's linear layers (train/planned_linear.py) and LoRA's product (train/lora.py). One thread,
-a non-CPU tensor or no compiler: always one library call, never timed.
+a non-CPU tensor, no C++ compiler, or a model under torch.compile (traced, not run): always one library call,
+never timed.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def row_parts(a: torch.Tensor, b: torch.Tensor) -> int:
     the T threads (rows_mm). Planned on first sight of its shapes, strides, dtype and thread count."""
     threads = torch.get_num_threads()
     if threads < 2 or a.device.type != "cpu" or a.size(0) < threads * MIN_ROWS_PER_PART:
+        return 1
+    if torch.compiler.is_compiling():  # traced by torch.compile: nothing to time (fake tensors); its own kernels
         return 1
     key = (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype, threads)
     parts = _plans.get(key)
