@@ -12,8 +12,8 @@ allocator: two `mallopt` calls.
     keep_freed_memory() -> True once glibc's malloc is set so (process-wide, for the rest of the process);
                            False, changing nothing, where the C library is not glibc (macOS, musl)
 
-`train.loop.train_model` calls it when `[train] keep_freed_memory` is true (the default); a serving process never
-does.
+`train.loop.train_model` calls it when `[train] keep_freed_memory` is true (the default). `tinystack serve` never
+does; the main job's short demo server, which runs after training in the same process, keeps the setting.
 """
 from __future__ import annotations
 
