@@ -3,8 +3,8 @@
 A training step allocates and frees the same activations, logits and gradients every time. glibc's malloc (what
 PyTorch's CPU allocator calls) serves an allocation over its mmap threshold (at most 32 MiB) with a fresh mapping
 and unmaps it on free, and trims the top of its heap once more than the trim threshold lies free: so the next step
-meets those pages again as new memory, one page fault per 4 KiB (~2 us each in the VMs measured here, where a
-SmolLM2 full fine-tuning step took 130-465K of them). With mappings off and the trim threshold out of reach, freed
+meets those pages again as new memory, one page fault per 4 KiB (hundreds of thousands a SmolLM2 full
+fine-tuning step; BENCHMARKS.md). With mappings off and the trim threshold out of reach, freed
 memory stays in the process and is reused: the process keeps its peak (which every step reaches again anyway).
 The same advice Intel gives for PyTorch CPU training (jemalloc or tcmalloc in LD_PRELOAD), without a second
 allocator: two `mallopt` calls.

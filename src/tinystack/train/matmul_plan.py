@@ -2,7 +2,7 @@
 
 PyTorch's CPU matmul (oneDNN) decides from a product's shape how to spread it over the threads, and for some
 shapes it leaves threads idle: on a 2-core Xeon, [1024, K] @ [K, 576] in bf16 ran at one thread's speed, and the
-same product as two row blocks, one library call per thread at once, ran ~1.8x faster (BENCHMARKS.md). Which
+same product as two row blocks, one library call per thread at once, ran far faster (BENCHMARKS.md). Which
 shapes, and by how much, is the machine's and the library version's business, so nothing is assumed: the first
 time a (shapes, strides, dtype, threads) is met, one library call and the row-split product (linear_ops.cpp,
 rows_mm) are timed on the real operands, alternating, and the faster is kept for the process. A plan costs a few
