@@ -26,7 +26,7 @@ import torch
 
 from tinystack.model import fused_ops
 from tinystack.train.cross_entropy import _native  # the C++ rows serve this dtype and device
-from tinystack.train.kept_cast import kept_cast
+from tinystack.train.kept_cast import compute_dtype, kept_cast
 
 BLOCK_BYTES = 24 << 20  # logits per block (rows x V x element size), one buffer reused for every block: each
 # product packs W anew, so small blocks pay that many times (2-4 MiB: slower than no blocks at all), while
@@ -86,6 +86,6 @@ def frozen_head_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tenso
     if weight.requires_grad and torch.is_grad_enabled():
         raise ValueError("frozen_head_loss: the head's weight requires a gradient (use the logits and cross_entropy)")
     device = h.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    dtype = compute_dtype(weight, device)
     with torch.autocast(device, enabled=False):
         return _FrozenHeadCrossEntropy.apply(h.to(dtype), kept_cast(weight, dtype), targets, ignore_index)

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinystack.config import FinetuneConfig
-from tinystack.train.kept_cast import kept_cast
+from tinystack.train.kept_cast import compute_dtype, kept_cast
 from tinystack.train.matmul_plan import linear_ops, row_parts
 
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
@@ -194,9 +194,7 @@ class LoRALinear(nn.Module):
             update = self.dropout(x) @ self.lora_A.t() @ self.parts.spread(self.lora_B).t()
             return self.base(x) + update * self.scale
         device = x.device.type
-        dtype = self.base.weight.dtype
-        if torch.is_autocast_enabled(device) and dtype.is_floating_point:
-            dtype = torch.get_autocast_dtype(device)
+        dtype = compute_dtype(self.base.weight, device)
         with torch.autocast(device, enabled=False):  # the product casts for itself (to the copy's dtype)
             y = _LoRAProduct.apply(x.reshape(-1, x.shape[-1]), self._compute_weights(dtype), self.base.bias,
                                    self.lora_A, self.lora_B, self.scale, self.parts)

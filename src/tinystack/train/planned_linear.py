@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tinystack.train.kept_cast import kept_cast
+from tinystack.train.kept_cast import compute_dtype, kept_cast
 from tinystack.train.matmul_plan import mm
 
 
@@ -48,9 +48,7 @@ class PlannedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
-        dtype = self.weight.dtype
-        if torch.is_autocast_enabled(device) and dtype.is_floating_point:
-            dtype = torch.get_autocast_dtype(device)
+        dtype = compute_dtype(self.weight, device)
         # a trained weight (or bias) is cast under autograd, whose cast takes its gradient back to float32
         w = self.weight.to(dtype) if self.weight.requires_grad else kept_cast(self.weight, dtype)
         b = None if self.bias is None else self.bias.to(dtype)
