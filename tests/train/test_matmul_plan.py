@@ -3,6 +3,7 @@ training's linear layers through them), against torch.mm and nn.Linear."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -171,8 +172,14 @@ def test_planned_layers_compile_with_torch_compile(monkeypatch):
     grads = []
     for run in (torch.compile(model), model):  # compiled first: its shapes not planned yet
         xi = x.clone().requires_grad_()
-        y = run(xi)
-        y.square().sum().backward()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            y = run(xi)
+            y.square().sum().backward()
         grads.append((y.detach(), xi.grad, model[0].weight.grad.clone(), model[2].lora_A.grad.clone()))
         model.zero_grad()
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(*grads))
+        # the tracer never reaches the C++ operators or the cached builder that loads them
+        assert not [w for w in seen if "lru_cache" in str(w.message)], [str(w.message) for w in seen]
+    # compiled code sums in its own order (float32 rounding), so compare as a whole, relative to each tensor
+    assert all((a - b).norm() <= 1e-5 * b.norm() for a, b in zip(*grads)), [
+        ((a - b).norm() / b.norm()).item() for a, b in zip(*grads)]

@@ -28,9 +28,9 @@ cost LoRA ~0.5 s of a ~3 s step. Here a group of adapters sharing an input is a 
 
 On CPU each direction is one C++ call (linear_ops.cpp: the same ATen products, without ~20 Python-dispatched ops
 around them; the large product, x W^T or g W, spread over the threads as train/matmul_plan.py planned for its
-shape); elsewhere, or without a compiler, the same products from Python. B's gradient is the whole g^T xa
-[out, P r] of which each part keeps its diagonal block (its rows of B only meet its own output rows): one product
-that reads g once ran faster than one [r]-wide product per part. W and s B are separate, contiguous
+shape); elsewhere, without a compiler, or traced by torch.compile, the same products from Python. B's gradient
+is the whole g^T xa [out, P r] of which each part keeps its diagonal block (its rows of B only meet its own output
+rows): one product that reads g once ran faster than one [r]-wide product per part. W and s B are separate, contiguous
 tensors. (They once shared one buffer [W | s B | 0] so that g @ [W | s B] gave g W and g s B in one matmul; but
 the forward then multiplied by a strided view of W, which oneDNN repacks on every call: 0.3-0.8 ms more per
 product than a contiguous W, and on 2 threads a fresh packing buffer from the allocator each time, ~37K page
@@ -96,9 +96,12 @@ class _Parts:
 
 
 def _ops(w: torch.Tensor):
-    """The product as one C++ call each way (linear_ops.cpp) for CPU tensors, or None: no compiler (one warning)
-    or another device, where the PyTorch calls below compute the same."""
-    return linear_ops() if w.device.type == "cpu" else None
+    """The product as one C++ call each way (linear_ops.cpp) for CPU tensors, or None: no compiler (one warning),
+    another device, or a model being traced by torch.compile (which compiles the PyTorch calls instead: the C++
+    operators have no fake-tensor rules), where the PyTorch calls below compute the same."""
+    if w.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    return linear_ops()
 
 
 class _ComputeWeights:
