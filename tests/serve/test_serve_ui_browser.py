@@ -8,6 +8,10 @@ add up to its total; the dashboard's figures turn from a dash into numbers once 
 arrives. The page's own helpers (Prometheus parsing, histogram quantiles, timing
 sources) are checked in the same browser against values worked out by hand here.
 
+The playground's chat mode is checked turn by turn against /v1/chat/completions (the conversation so far sent
+each turn; a failed turn leaves it as it was), and with the real SmolLM2-135M-Instruct served from its
+imported directory: it answers a question in the browser.
+
 Needs: `pip install playwright` and `/usr/bin/chromium` (`apt-get install -y chromium`),
 or TINYSTACK_CHROMIUM pointing at another Chromium binary.
 """
@@ -21,8 +25,13 @@ from typing import Iterator
 
 import httpx
 import pytest
+import torch
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from serve_helpers import PROMPT
+
+from tinystack.infer import LLMEngine
+from tinystack.infer.async_engine import AsyncEngine
+from tinystack.model import GPT, GPTConfig
 
 CHROMIUM = os.environ.get("TINYSTACK_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -57,6 +66,8 @@ def test_playground_streams_the_answer_and_shows_the_timing_bar(serve, async_eng
     s = serve(async_engine, api_key_env="TS_UI_BROWSER_KEYS")
     params = {"max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 1234}
     page.goto(s.url + "/")
+    page.check("#mode-complete")  # the prompt as it is, continued (chat is the default)
+    expect(page.locator("#chat-only")).to_be_hidden()
     page.fill("#prompt", PROMPT)
     for name, value in params.items():
         page.fill(f"#{name}", str(value))
@@ -89,6 +100,93 @@ def test_playground_streams_the_answer_and_shows_the_timing_bar(serve, async_eng
     expect(page.locator("#timing-legend")).to_contain_text("decode")
     # the server's own split (the final chunk's `timing`), not the browser's clock
     expect(page.locator("#timing-source")).to_have_text("from: server")
+
+
+def _chat_turn(page: Page, message: str) -> str:
+    """Type a message, send it, wait for the whole answer; returns the streamed answer."""
+    page.fill("#prompt", message)
+    page.click("#send")
+    expect(page.locator("#status")).to_have_attribute("data-state", re.compile("done|error"), timeout=60_000)
+    return page.locator("#output").text_content()
+
+
+def _turns(page: Page) -> list[tuple[str, str]]:
+    turns = page.locator("#conversation .turn")
+    return [(turns.nth(i).get_attribute("data-role"), turns.nth(i).text_content()) for i in range(turns.count())]
+
+
+@pytest.fixture
+def chat_engine(tokenizer) -> Iterator[AsyncEngine]:
+    """The tiny random GPT with a context of 256 tokens (the shared one has 64): room for a conversation."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=256, n_layer=2, n_head=2, n_embd=32))
+    engine = AsyncEngine(LLMEngine(model, tokenizer, max_num_seqs=4, num_kv_blocks=96))
+    yield engine
+    engine.shutdown()
+
+
+def test_playground_chat_sends_the_conversation_each_turn(serve, chat_engine, page, monkeypatch):
+    """Chat mode (the default): each turn's streamed answer is what /v1/chat/completions answers, without
+    streaming, for the system message, every earlier turn and the new message; a failed turn (no key) leaves
+    the conversation and the typed message as they were; New chat starts over."""
+    monkeypatch.setenv("TS_UI_BROWSER_KEYS", KEY)
+    s = serve(chat_engine, api_key_env="TS_UI_BROWSER_KEYS")
+    params = {"max_tokens": 10, "temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 77}
+    page.goto(s.url + "/")
+    expect(page.locator("#mode-chat")).to_be_checked()
+    expect(page.locator("#chat-only")).to_be_visible()
+    for name, value in params.items():
+        page.fill(f"#{name}", str(value))
+    page.fill("#system", "be brief")
+
+    assert _chat_turn(page, "hello there") == ""  # no key yet: 401 shown, nothing joins the conversation
+    expect(page.locator("#error")).to_contain_text("401")
+    assert _turns(page) == [] and page.input_value("#prompt") == "hello there"
+
+    page.fill("#api-key", KEY)
+    messages = [{"role": "system", "content": "be brief"}]
+    with httpx.Client(base_url=s.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        for text in ("hello there", PROMPT, "and then?"):
+            streamed = _chat_turn(page, text)
+            assert page.locator("#error").is_hidden(), page.locator("#error").text_content()
+            messages.append({"role": "user", "content": text})
+            r = c.post("/v1/chat/completions", json={"messages": messages, **params})
+            assert r.status_code == 200, r.text
+            answer = r.json()["choices"][0]["message"]["content"]
+            assert streamed == answer, (messages, streamed, answer)
+            messages.append({"role": "assistant", "content": answer})
+            assert page.input_value("#prompt") == ""  # the box is free for the next turn
+            assert _turns(page) == [(m["role"], m["content"]) for m in messages[1:]]
+    assert any(m["content"] for m in messages if m["role"] == "assistant"), "every answer was empty"
+    expect(page.locator("#timing-source")).to_have_text("from: server")
+
+    page.click("#new-chat")
+    assert _turns(page) == [] and page.locator("#output").text_content() == ""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "and then?"}]
+    streamed = _chat_turn(page, "and then?")  # a new conversation: this message alone after the system one
+    with httpx.Client(base_url=s.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        r = c.post("/v1/chat/completions", json={"messages": messages, **params})
+    assert streamed == r.json()["choices"][0]["message"]["content"]
+
+
+def test_playground_chats_with_the_real_smollm2(serve, smollm2_dir, page):
+    """The real SmolLM2-135M-Instruct served from its imported directory (its chat template): asked in the
+    playground, greedily, it names the capital; the turn ends at <|im_end|>, which is not shown."""
+    from tinystack.infer import load_for_inference
+
+    model, tok = load_for_inference(smollm2_dir, dtype="float32")
+    engine = AsyncEngine(LLMEngine(model, tok, max_num_seqs=2, memory_limit=2**30))
+    try:
+        s = serve(engine, model_dir=smollm2_dir)
+        page.goto(s.url + "/")
+        page.fill("#temperature", "0")
+        page.fill("#max_tokens", "24")
+        answer = _chat_turn(page, "What is the capital of Japan?")
+        assert page.locator("#error").is_hidden(), page.locator("#error").text_content()
+        assert "Tokyo" in answer and "<|im_" not in answer, answer
+        assert _turns(page) == [("user", "What is the capital of Japan?"), ("assistant", answer)]
+    finally:
+        engine.shutdown()
 
 
 def test_dashboard_figures_turn_into_numbers_with_traffic(serve, async_engine, page):

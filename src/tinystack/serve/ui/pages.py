@@ -1,8 +1,10 @@
 """The browser pages: a playground at `GET /` and a live dashboard at `GET /dashboard`.
 
-    GET /             static/playground.html  prompt + sampling parameters -> POST /v1/completions
-                                              (stream, include_usage) -> tokens as they arrive,
-                                              then a bar of the request's queue / prefill / decode time
+    GET /             static/playground.html  chat: the conversation + sampling parameters ->
+                                              POST /v1/chat/completions (the model's chat template);
+                                              or complete: a prompt -> POST /v1/completions; streamed
+                                              (include_usage) -> tokens as they arrive, then a bar of
+                                              the request's queue / prefill / decode time
     GET /dashboard    static/dashboard.html   polls GET /metrics (Prometheus text) every second:
                                               running / waiting, KV usage, batch size, latency
                                               percentiles, tokens/s, errors, history sparklines
@@ -10,7 +12,7 @@
 
 Plain HTML + JavaScript files shipped inside the package (package data: no build step,
 no CDN, so it works on a machine without internet). The pages are open (no API key):
-they hold no data; the calls they make (/v1/completions, /metrics) are checked as
+they hold no data; the calls they make (/v1/chat/completions, /v1/completions, /metrics) are checked as
 usual, with the key typed into the page. Not in the OpenAPI schema.
 """
 from __future__ import annotations
@@ -37,7 +39,8 @@ def _page(name: str) -> FileResponse:
 
 @ui_router.get("/")
 async def playground() -> FileResponse:
-    """The playground: send a prompt, watch the answer stream, see where the time went."""
+    """The playground: chat with the model (or continue a prompt), watch the answer stream, see where the time
+    went."""
     return _page("playground.html")
 
 

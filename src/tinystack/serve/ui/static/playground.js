@@ -1,5 +1,8 @@
-// The playground: POST /v1/completions with stream=true, show the text as it arrives, then the
-// request's timing bar.
+// The playground: a chat (POST /v1/chat/completions: the system message, every earlier turn and the new
+// message, so the server applies the model's chat template to the whole conversation) or a plain completion
+// (POST /v1/completions), streamed; the text is shown as it arrives, then the request's timing bar. A turn
+// joins the conversation only once its answer has arrived whole: a failed or stopped request leaves the
+// conversation as it was and the message in the box, to send again.
 //
 // The answer is server-sent events over a POST, so it is read with fetch + a stream reader
 // (EventSource can only GET): events are separated by a blank line, each `data: <json>`, the
@@ -10,12 +13,21 @@ import { resolveTiming } from "/ui/timing.js";
 
 const $ = (id) => document.getElementById(id);
 let controller = null;  // AbortController of the request in flight
+const history = [];  // the conversation so far: {role: "user" | "assistant", content}
+
+const chatMode = () => $("mode-chat").checked;
+
+/** The messages of the next chat turn: the system message (if any), the conversation, the new message. */
+function chatMessages(text) {
+  const system = $("system").value.trim();
+  return [...(system ? [{ role: "system", content: system }] : []), ...history, { role: "user", content: text }];
+}
 
 /** The request body from the form; numbers are sent as numbers (the API is strict). */
 function requestBody() {
   const num = (id, parse) => { const v = $(id).value.trim(); return v === "" ? null : parse(v); };
   const body = {
-    prompt: $("prompt").value,
+    ...(chatMode() ? { messages: chatMessages($("prompt").value) } : { prompt: $("prompt").value }),
     max_tokens: num("max_tokens", (v) => parseInt(v, 10)),
     temperature: num("temperature", parseFloat),
     top_p: num("top_p", parseFloat),
@@ -82,9 +94,36 @@ function renderTiming(t) {
   $("timing-source").textContent = `from: ${used.join(", ") || "nothing measured"}`;
 }
 
+function addTurn(role, content) {
+  history.push({ role, content });
+  const div = document.createElement("div");
+  div.className = `turn ${role}`;
+  div.dataset.role = role;
+  div.textContent = content;
+  $("conversation").append(div);
+}
+
+function newChat() {
+  if (controller) return;
+  history.length = 0;
+  $("conversation").replaceChildren();
+  $("output").textContent = "";
+  $("error").hidden = true;
+  $("timing").hidden = true;
+  setState("idle", "");
+}
+
+function showMode() {
+  $("chat-only").hidden = !chatMode();
+  $("new-chat").hidden = !chatMode();
+  $("prompt").placeholder = chatMode() ? "Type a message, then Send (Ctrl+Enter)" : "Type a prompt, then Send (Ctrl+Enter)";
+}
+
 async function send(event) {
   event.preventDefault();
   if (controller) return;
+  const chat = chatMode(), message = $("prompt").value;
+  if (chat && !message.trim()) { showError("type a message first"); return; }
   controller = new AbortController();
   $("output").textContent = "";
   $("error").hidden = true;
@@ -93,7 +132,7 @@ async function send(event) {
   const t0 = performance.now();
   let tFirst = null, timing = null, usage = null, headers = null, failed = false;
   try {
-    const resp = await fetch("/v1/completions", {
+    const resp = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
       method: "POST", signal: controller.signal,
       headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
       body: JSON.stringify(requestBody()),
@@ -104,7 +143,10 @@ async function send(event) {
       if (tFirst === null) tFirst = performance.now();
       if (msg === "[DONE]") break;
       if (msg.error) { failed = true; showError(msg.error.message || JSON.stringify(msg.error)); continue; }
-      for (const c of msg.choices || []) if (c.text) $("output").append(c.text);
+      for (const c of msg.choices || []) {
+        const text = chat ? c.delta && c.delta.content : c.text;
+        if (text) $("output").append(text);
+      }
       if (msg.usage) usage = msg.usage;
       if (msg.timing) timing = msg.timing;
     }
@@ -120,10 +162,18 @@ async function send(event) {
     renderTiming(resolveTiming(timing, headers, client));
   }
   const tokens = usage ? ` \u00b7 ${usage.prompt_tokens} prompt + ${usage.completion_tokens} generated tokens` : "";
+  if (chat && !failed) {  // the turn is whole: it joins the conversation, the box is free for the next one
+    addTurn("user", message);
+    addTurn("assistant", $("output").textContent);
+    $("prompt").value = "";
+  }
   setState(failed ? "error" : "done", (failed ? "failed" : "done") + tokens);
 }
 
 setupKeyField();
+showMode();
+for (const id of ["mode-chat", "mode-complete"]) $(id).addEventListener("change", showMode);
+$("new-chat").addEventListener("click", newChat);
 $("form").addEventListener("submit", send);
 $("stop").addEventListener("click", () => controller && controller.abort());
 $("prompt").addEventListener("keydown", (e) => {
