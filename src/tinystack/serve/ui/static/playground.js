@@ -23,11 +23,12 @@ function chatMessages(text) {
   return [...(system ? [{ role: "system", content: system }] : []), ...history, { role: "user", content: text }];
 }
 
-/** The request body from the form; numbers are sent as numbers (the API is strict). */
-function requestBody() {
+/** The request body: the message (chat) or prompt, and the form's parameters; numbers are sent as numbers
+ * (the API is strict). */
+function requestBody(chat, text) {
   const num = (id, parse) => { const v = $(id).value.trim(); return v === "" ? null : parse(v); };
   const body = {
-    ...(chatMode() ? { messages: chatMessages($("prompt").value) } : { prompt: $("prompt").value }),
+    ...(chat ? { messages: chatMessages(text) } : { prompt: text }),
     max_tokens: num("max_tokens", (v) => parseInt(v, 10)),
     temperature: num("temperature", parseFloat),
     top_p: num("top_p", parseFloat),
@@ -135,7 +136,7 @@ async function send(event) {
     const resp = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
       method: "POST", signal: controller.signal,
       headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
-      body: JSON.stringify(requestBody()),
+      body: JSON.stringify(requestBody(chat, message)),
     });
     headers = resp.headers;
     if (!resp.ok) throw new Error(await errorMessage(resp));
