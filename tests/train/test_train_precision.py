@@ -55,13 +55,52 @@ def test_auto_timing_is_interleaved_after_a_warm_up():
     assert calls == ["float32", "bfloat16"] * 4  # one warm-up pass each, then 3 alternating rounds
 
 
+def test_a_candidate_whose_screen_product_is_far_slower_runs_no_step():
+    """Where bf16 has no instructions (AVX2-only CPUs) one bf16 pass of a real model takes minutes: the screen
+    drops it on one product's time; a candidate within SCREEN_SLOWER still gets the whole-step comparison."""
+    calls: list[str] = []
+    same = {"float32": 4.2, "bfloat16": 4.2}
+    slow_bf16 = fake_step({"float32": 1, "bfloat16": 10}, same)
+    chosen, record = precision.pick_by_measurement(fake_step({"float32": 5, "bfloat16": 1}, same, calls),
+                                                   screen=slow_bf16)
+    assert chosen == "float32" and calls == ["float32"] * 6  # warm-up + 5 rounds, never bf16
+    assert record["screened_out"]["bfloat16"] > precision.SCREEN_SLOWER and "bfloat16" not in record["ms_per_step"]
+    assert "bfloat16 dropped" in precision.describe(record)
+
+    calls.clear()
+    close = fake_step({"float32": 2, "bfloat16": 3}, same)  # 1.5x slower in the screen: still measured whole
+    chosen, record = precision.pick_by_measurement(fake_step({"float32": 30, "bfloat16": 2}, same, calls),
+                                                   screen=close)
+    assert chosen == "bfloat16" and calls.count("bfloat16") == 6 and "screened_out" not in record
+
+
+def test_the_screen_times_one_of_the_models_own_products_in_each_dtype(monkeypatch):
+    seen: list = []
+    real = precision.pick_by_measurement
+
+    def spy(run_step, rounds=5, screen=None):
+        seen.append(screen)
+        return real(run_step, rounds=1, screen=screen)
+    monkeypatch.setattr(precision, "pick_by_measurement", spy)
+    model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    x = torch.randint(0, 32, (2, 16))
+    chosen, record = precision.probe(model, x, x, lambda m, a, b: m(a, b)[1])
+    assert seen[0] is not None and chosen in precision.AUTO_CANDIDATES
+    assert seen[0]("float32").dtype == torch.float32 and seen[0]("bfloat16").dtype == torch.bfloat16
+    # the median-size weight (c_attn's [3 n_embd, n_embd]: not the head, not the smallest) over the batch's 32
+    # tokens (fewer than SCREEN_ROWS)
+    assert seen[0]("float32").shape == (32, 3 * 32)
+    assert set(record["ms_per_step"]) | set(record.get("screened_out", {})) == set(precision.AUTO_CANDIDATES)
+
+
 def test_auto_trains_exactly_as_the_dtype_it_chose():
     """The probe leaves no trace: same weights, data position and RNG as a run configured with its choice."""
     data = tokens()
     c = cfg(max_iters=15, eval_interval=15)
     auto_model, auto = train(TINY, data, data, cfg(max_iters=15, eval_interval=15, dtype="auto"), progress=False)
     assert auto.dtype in precision.AUTO_CANDIDATES and auto.precision_probe["chosen"] == auto.dtype
-    assert set(auto.precision_probe["ms_per_step"]) == {"float32", "bfloat16"} and auto.precision_probe["probe_s"] > 0
+    measured = set(auto.precision_probe["ms_per_step"]) | set(auto.precision_probe.get("screened_out", {}))
+    assert measured == {"float32", "bfloat16"} and auto.precision_probe["probe_s"] > 0
     c.dtype = auto.dtype
     fixed_model, fixed = train(TINY, data, data, c, progress=False)
     for (name, a), (_, b) in zip(auto_model.state_dict().items(), fixed_model.state_dict().items()):

@@ -8,7 +8,11 @@
               of float32 and of bf16 autocast on one batch, interleaved; bf16 wins only when it is
               clearly faster on this machine AND its loss agrees with float32's. Whether bf16 pays
               depends on the hardware (AMX / AVX-512-bf16 CPUs, tensor cores) and on the matrix sizes,
-              so it is never assumed.
+              so it is never assumed. First a screen: one of the model's own linear products, timed in
+              each dtype (milliseconds); a candidate whose product runs over SCREEN_SLOWER times the
+              reference's is dropped before any whole pass. Where the CPU has no bf16 instructions
+              (an AVX2-only AMD EPYC: bf16 matmul ~70x slower than float32) a single bf16 pass of a
+              135M-parameter model would otherwise take minutes, and the probe runs six of them.
 """
 from __future__ import annotations
 
@@ -24,6 +28,11 @@ DTYPES = ("float32", "float64", "bfloat16", "float16", "auto")
 AUTO_CANDIDATES = ("float32", "bfloat16")
 MIN_SPEEDUP = 1.05  # bf16 must be at least this much faster: below it, timing noise would flip the choice
 LOSS_RTOL = 0.01  # bf16's probe loss within 1% of float32's (both on the same batch and weights)
+# a candidate whose screen product takes this many times the reference's cannot win by MIN_SPEEDUP on a model
+# whose time is mostly such products: it is dropped without whole passes
+SCREEN_SLOWER = 2.0
+SCREEN_ROUNDS = 3
+SCREEN_ROWS = 128  # rows of the screen's input: a slice of a batch's tokens
 
 
 def check_dtype(name: str, device_type: str) -> None:
@@ -46,29 +55,34 @@ def grad_scaler(name: str, device_type: str) -> torch.amp.GradScaler:
 
 
 def pick_by_measurement(run_step: Callable[[str], float], candidates: Sequence[str] = AUTO_CANDIDATES,
-                        rounds: int = 5) -> tuple[str, dict[str, Any]]:
+                        rounds: int = 5, screen: Callable[[str], object] | None = None) -> tuple[str, dict[str, Any]]:
     """Resolve `auto`: time `run_step(dtype)` (one forward/backward, returning its loss) for each candidate,
     interleaved over `rounds` after one warm-up each, and return (chosen dtype, the record of why).
 
     The first candidate is the reference (float32): another wins only if its median time is at least
     MIN_SPEEDUP faster and its loss is within LOSS_RTOL of the reference's. A candidate that raises
-    (no bf16 on this device) is dropped. Interleaving keeps the comparison fair on a shared machine."""
+    (no bf16 on this device) is dropped. Interleaving keeps the comparison fair on a shared machine.
+    `screen(dtype)`, when given, is a cheap representative piece of the step (one product): timed first,
+    interleaved, and a candidate over SCREEN_SLOWER times the reference's is dropped (record["screened_out"]:
+    its time over the reference's) without running a step."""
     t_start = time.perf_counter()
     times: dict[str, list[float]] = {c: [] for c in candidates}
     losses: dict[str, float] = {}
     errors: dict[str, str] = {}
-    for c in candidates:  # warm-up: first-call allocations and kernel selection, not timed
+    ref = candidates[0]
+    screened = _screen(screen, candidates, errors) if screen is not None else {}
+    # warm-up: first-call allocations and kernel selection, not timed
+    for c in [c for c in candidates if c not in screened and c not in errors]:
         try:
             losses[c] = float(run_step(c))
         except (RuntimeError, TypeError) as e:
             errors[c] = f"{type(e).__name__}: {e}"[:200]
-    alive = [c for c in candidates if c not in errors]
+    alive = [c for c in candidates if c not in errors and c not in screened]
     for _ in range(rounds):
         for c in alive:
             t0 = time.perf_counter()
             run_step(c)
             times[c].append(time.perf_counter() - t0)
-    ref = candidates[0]
     if ref not in alive:
         raise RuntimeError(f"train.dtype=auto: the reference {ref} step failed: {errors[ref]}")
     median_ms = {c: statistics.median(times[c]) * 1e3 for c in alive}
@@ -80,15 +94,41 @@ def pick_by_measurement(run_step: Callable[[str], float], candidates: Sequence[s
     record = {"chosen": chosen, "ms_per_step": {c: round(v, 2) for c, v in median_ms.items()},
               "loss": {c: round(v, 5) for c, v in losses.items()}, "loss_agrees": agree, "rounds": rounds,
               "speedup": round(median_ms[ref] / median_ms[chosen], 3),
-              "probe_s": round(time.perf_counter() - t_start, 3), **({"failed": errors} if errors else {})}
+              "probe_s": round(time.perf_counter() - t_start, 3), **({"failed": errors} if errors else {}),
+              **({"screened_out": screened} if screened else {})}
     return chosen, record
+
+
+def _screen(screen: Callable[[str], object], candidates: Sequence[str], errors: dict[str, str]) -> dict[str, float]:
+    """Time `screen` per candidate (one warm-up, SCREEN_ROUNDS interleaved, median) -> {candidate: its time over
+    the reference's} for each candidate slower than SCREEN_SLOWER; a candidate whose screen raises goes to errors."""
+    times: dict[str, list[float]] = {}
+    for c in candidates:
+        try:
+            screen(c)
+            times[c] = []
+        except (RuntimeError, TypeError) as e:
+            errors[c] = f"{type(e).__name__}: {e}"[:200]
+    for _ in range(SCREEN_ROUNDS):
+        for c in times:
+            t0 = time.perf_counter()
+            screen(c)
+            times[c].append(time.perf_counter() - t0)
+    ref = candidates[0]
+    if ref not in times:
+        return {}
+    base = max(statistics.median(times[ref]), 1e-9)
+    slower = {c: statistics.median(t) / base for c, t in times.items() if c != ref}
+    return {c: round(r, 2) for c, r in slower.items() if r > SCREEN_SLOWER}
 
 
 def describe(record: dict[str, Any]) -> str:
     """One line for the console: the choice and the measurements behind it."""
     ms = ", ".join(f"{c} {v:.1f} ms" for c, v in record["ms_per_step"].items())
     loss = ", ".join(f"{c} {v:.4f}" for c, v in record["loss"].items())
-    return f"precision auto -> {record['chosen']} (forward+backward {ms}; probe loss {loss})"
+    out = "".join(f"; {c} dropped: its linear product took {r:g}x float32's"
+                  for c, r in record.get("screened_out", {}).items())
+    return f"precision auto -> {record['chosen']} (forward+backward {ms}; probe loss {loss}{out})"
 
 
 def probe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -106,4 +146,23 @@ def probe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
         return float(loss.detach())
 
     with torch.random.fork_rng(devices=[x.device] if device_type == "cuda" else []):
-        return pick_by_measurement(run_step, rounds=rounds)
+        return pick_by_measurement(run_step, rounds=rounds, screen=_linear_screen(model, x.numel(), device_type))
+
+
+def _linear_screen(model: torch.nn.Module, tokens: int, device_type: str) -> Callable[[str], object] | None:
+    """The screen for `pick_by_measurement`: one of the model's own linear products (the weight of median size,
+    so neither the output head nor a tiny layer) over min(tokens, SCREEN_ROWS) rows, under the dtype's autocast.
+    None for a model without linear layers."""
+    weights = sorted((m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)), key=lambda w: w.numel())
+    if not weights:
+        return None
+    w = weights[len(weights) // 2].detach()
+    x = torch.randn(min(tokens, SCREEN_ROWS), w.shape[1], device=w.device, dtype=w.dtype)
+
+    def product(dtype: str) -> object:
+        with torch.no_grad(), autocast(dtype, device_type):
+            y = torch.nn.functional.linear(x, w)
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        return y
+    return product
