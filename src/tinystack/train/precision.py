@@ -66,29 +66,23 @@ def pick_by_measurement(run_step: Callable[[str], float], candidates: Sequence[s
     interleaved, and a candidate over SCREEN_SLOWER times the reference's is dropped (record["screened_out"]:
     its time over the reference's) without running a step."""
     t_start = time.perf_counter()
-    times: dict[str, list[float]] = {c: [] for c in candidates}
-    losses: dict[str, float] = {}
     errors: dict[str, str] = {}
     ref = candidates[0]
-    screened = _screen(screen, candidates, errors) if screen is not None else {}
-    # warm-up: first-call allocations and kernel selection, not timed
-    for c in [c for c in candidates if c not in screened and c not in errors]:
-        try:
-            losses[c] = float(run_step(c))
-        except (RuntimeError, TypeError) as e:
-            errors[c] = f"{type(e).__name__}: {e}"[:200]
-    alive = [c for c in candidates if c not in errors and c not in screened]
-    for _ in range(rounds):
-        for c in alive:
-            t0 = time.perf_counter()
-            run_step(c)
-            times[c].append(time.perf_counter() - t0)
-    if ref not in alive:
+    screened: dict[str, float] = {}
+    if screen is not None:
+        _, screen_s = _interleaved(screen, candidates, SCREEN_ROUNDS, errors)
+        if ref in screen_s:
+            slower = {c: t / max(screen_s[ref], 1e-9) for c, t in screen_s.items() if c != ref}
+            screened = {c: round(r, 2) for c, r in slower.items() if r > SCREEN_SLOWER}
+    first, step_s = _interleaved(run_step, [c for c in candidates if c not in screened and c not in errors],
+                                 rounds, errors)
+    if ref not in step_s:
         raise RuntimeError(f"train.dtype=auto: the reference {ref} step failed: {errors[ref]}")
-    median_ms = {c: statistics.median(times[c]) * 1e3 for c in alive}
-    agree = {c: abs(losses[c] - losses[ref]) <= LOSS_RTOL * abs(losses[ref]) for c in alive}
+    losses = {c: float(v) for c, v in first.items()}
+    median_ms = {c: t * 1e3 for c, t in step_s.items()}
+    agree = {c: abs(losses[c] - losses[ref]) <= LOSS_RTOL * abs(losses[ref]) for c in median_ms}
     chosen = ref
-    for c in alive[1:]:
+    for c in median_ms:
         if agree[c] and median_ms[ref] / median_ms[c] >= MIN_SPEEDUP and median_ms[c] < median_ms[chosen]:
             chosen = c
     record = {"chosen": chosen, "ms_per_step": {c: round(v, 2) for c, v in median_ms.items()},
@@ -99,27 +93,24 @@ def pick_by_measurement(run_step: Callable[[str], float], candidates: Sequence[s
     return chosen, record
 
 
-def _screen(screen: Callable[[str], object], candidates: Sequence[str], errors: dict[str, str]) -> dict[str, float]:
-    """Time `screen` per candidate (one warm-up, SCREEN_ROUNDS interleaved, median) -> {candidate: its time over
-    the reference's} for each candidate slower than SCREEN_SLOWER; a candidate whose screen raises goes to errors."""
-    times: dict[str, list[float]] = {}
+def _interleaved(fn: Callable[[str], object], candidates: Sequence[str], rounds: int,
+                 errors: dict[str, str]) -> tuple[dict[str, object], dict[str, float]]:
+    """One untimed warm-up call of `fn(c)` per candidate (first-call allocations and kernel selection; one that
+    raises goes to `errors` and is dropped), then `rounds` timed calls, the candidates interleaved
+    -> ({candidate: its warm-up call's result}, {candidate: median seconds}), in the candidates' order."""
+    first: dict[str, object] = {}
     for c in candidates:
         try:
-            screen(c)
-            times[c] = []
+            first[c] = fn(c)
         except (RuntimeError, TypeError) as e:
             errors[c] = f"{type(e).__name__}: {e}"[:200]
-    for _ in range(SCREEN_ROUNDS):
+    times: dict[str, list[float]] = {c: [] for c in first}
+    for _ in range(rounds):
         for c in times:
             t0 = time.perf_counter()
-            screen(c)
+            fn(c)
             times[c].append(time.perf_counter() - t0)
-    ref = candidates[0]
-    if ref not in times:
-        return {}
-    base = max(statistics.median(times[ref]), 1e-9)
-    slower = {c: statistics.median(t) / base for c, t in times.items() if c != ref}
-    return {c: round(r, 2) for c, r in slower.items() if r > SCREEN_SLOWER}
+    return first, {c: statistics.median(t) for c, t in times.items()}
 
 
 def describe(record: dict[str, Any]) -> str:
