@@ -69,6 +69,7 @@ def test_user_errors_exit_2_with_one_line(args, msg):
     assert msg in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # every stage again by hand through the CLI: ~36 s on 2 CPU cores
 def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
     """The subcommands chain like `tinystack run`: corpus -> prepare -> tokenizer -> train -> eval -> generate."""
     workdir, _ = smoke_run
