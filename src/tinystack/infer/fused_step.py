@@ -74,7 +74,7 @@ class FusedStep:
                 kinds.append(lin[0])
                 parts += lin[1]
         dims = [cfg.n_layer, cfg.hidden_size, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.intermediate_size]
-        path = 1 if kernels.default_path() == "avx512" else 0
+        path = kernels.PATH_CODES[kernels.default_path()]
         layers = kernels.extension().FusedLayers(dims, cfg.rms_norm_eps, norms, kinds, parts, path)
         return cls(model, layers, storage)
 

@@ -118,7 +118,7 @@ class FusedLayers {
  public:
   // dims = {n_layer, hidden, n_head, n_kv_head, head_dim, intermediate}; norms = [in_0, post_0, in_1, ...];
   // per layer 4 linears (qkv, o, gate_up, down), each 4 tensors in `parts` (a, b, c, bias; numel 0 = absent)
-  // and a kind in `kinds`; path: 1 AVX-512 kernels, 0 plain C++.
+  // and a kind in `kinds`; path: 1 AVX-512 kernels, 2 AVX2 (attention in plain C++), 0 plain C++.
   FusedLayers(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> norms, std::vector<int64_t> kinds,
                std::vector<torch::Tensor> parts, int64_t path)
       : L_(dims.at(0)), H_(dims.at(1)), nh_(dims.at(2)), nkv_(dims.at(3)), hd_(dims.at(4)), I_(dims.at(5)),
@@ -126,7 +126,7 @@ class FusedLayers {
     TORCH_CHECK((int64_t)norms_.size() == 2 * L_ && (int64_t)kinds.size() == 4 * L_ &&
                 (int64_t)parts_.size() == 16 * L_, "expected 2 norms, 4 linears and 16 parts per layer");
     TORCH_CHECK(nh_ % nkv_ == 0, "n_head must be a multiple of n_kv_head");
-    TORCH_CHECK(path_ == 0 || avx512_available(), "this CPU lacks AVX-512 VNNI");
+    TORCH_CHECK(path_available(path_), "kernel path ", path_, " needs a CPU feature this one lacks");
     const int64_t outs[4] = {(nh_ + 2 * nkv_) * hd_, H_, 2 * I_, H_};
     for (int64_t l = 0; l < L_; ++l) {
       Layer y;
@@ -215,7 +215,7 @@ class FusedLayers {
           const int t = task / nkv_, g = task % nkv_, S = P[t] + 1;
           scores.resize((size_t)grp * S);
           const size_t base = (size_t)(l * nkv_ + g) * slots * hd_;
-          (path_ ? attend_avx512 : attend_plain)(qkv.data() + (size_t)t * Q + g * grp * hd_, kp + base, vp + base,
+          (path_ == 1 ? attend_avx512 : attend_plain)(qkv.data() + (size_t)t * Q + g * grp * hd_, kp + base, vp + base,
                                                  tab + row[t] * T, bs, S, grp, hd_, scale, scores.data(),
                                                  att.data() + ((size_t)t * nh_ + g * grp) * hd_);
         }

@@ -12,8 +12,11 @@
 //   off = m (Q4_1), -8 d_w (Q4_0), -128 d_w (Q8_0, whose weights enter VNNI as unsigned q + 128).
 // AVX-512 VNNI's vpdpbusd multiplies 64 unsigned by 64 signed bytes and adds groups of 4 into
 // 16 int32 lanes: four blocks per instruction pair. BF16 weights are widened to fp32 (a shift)
-// and multiplied with fp32 activations. Every kernel has a plain C++ twin (path 0), used where the
-// CPU lacks AVX-512 VNNI and by the tests.
+// and multiplied with fp32 activations. AVX2 CPUs without AVX-512 (AMD Zen 2/3, older Intel; path 2)
+// take one block per step: vpmaddubsw multiplies 32 unsigned by 32 signed bytes into 16-bit pair sums,
+// vpmaddwd with ones widens them to 8 int32 lanes (Q8_0's signed weights enter as |q| with the
+// activation given q's sign). Every kernel has a plain C++ twin (path 0), used where the CPU has
+// neither and by the tests.
 #include <torch/extension.h>
 #include <immintrin.h>
 
@@ -234,6 +237,106 @@ AVX512 void bf16_range_avx512(const uint16_t* w, const float* x, int M, int Kp, 
   }
 }
 
+// ---- AVX2 + FMA (path 2): one block of 32 weights per step, 4 activation rows at a time
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_INLINE __attribute__((always_inline, target("avx2,fma,f16c")))
+
+AVX2_INLINE inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+template <int FMT, int MT>
+AVX2_INLINE inline void block_rows_avx2(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb,
+                                        const QuantX& X, int r0, float* y, int64_t ystride) {
+  constexpr int bpb = FMT == Q8_0 ? 32 : 16;
+  const __m256i lo4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const size_t xq_stride = (size_t)X.ng * 128, xf_stride = (size_t)X.ng * 4;
+  const int8_t* xq0 = X.q.data() + r0 * xq_stride;
+  const float* xd0 = X.d.data() + r0 * xf_stride;
+  const float* xs0 = X.s.data() + r0 * xf_stride;
+  __m256 acc[MT];
+  float off[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps(), off[r] = 0.f;
+  for (int b = 0; b < nb; ++b) {
+    const float dw = _cvtsh_ss(d[b]);
+    const float ow = FMT == Q4_1 ? _cvtsh_ss(m[b]) : FMT == Q4_0 ? -8.f * dw : 0.f;
+    const uint8_t* wp = qs + (size_t)b * bpb;
+    __m256i w;
+    if (FMT == Q8_0) {
+      w = _mm256_loadu_si256((const __m256i*)wp);
+    } else {  // nibbles: low = elements 0-15, high = 16-31 (the activations' [lo half | hi half] of this block)
+      const __m128i raw = _mm_loadu_si128((const __m128i*)wp);
+      w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), lo4);
+    }
+    const __m256i wu = FMT == Q8_0 ? _mm256_sign_epi8(w, w) : w;  // |q|: the unsigned operand
+    for (int r = 0; r < MT; ++r) {
+      const int8_t* xq = xq0 + r * xq_stride;
+      __m256i x;
+      if (FMT == Q8_0) {
+        x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)(xq + b * 32)), w);  // p with q's sign
+      } else {
+        const int8_t* g = xq + (b / 4) * 128 + (b % 4) * 16;
+        x = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)(g + 64)), _mm_loadu_si128((const __m128i*)g));
+      }
+      const __m256i isum = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, x), ones);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * xd0[r * xf_stride + b]), acc[r]);
+      off[r] += ow * xs0[r * xf_stride + b];
+    }
+  }
+  for (int r = 0; r < MT; ++r) y[(size_t)(r0 + r) * ystride] = hsum_avx2(acc[r]) + off[r];
+}
+
+template <int FMT>
+AVX2 void block_range_avx2(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
+                           int M, int64_t n0, int64_t n1, float* y, int64_t N) {
+  constexpr int bpb = FMT == Q8_0 ? 32 : 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* q = qs + (size_t)n * nb * bpb;
+    const uint16_t* dn = d + (size_t)n * nb;
+    const uint16_t* mn = m ? m + (size_t)n * nb : nullptr;
+    int r = 0;
+    for (; r + 4 <= M; r += 4) block_rows_avx2<FMT, 4>(q, dn, mn, nb, X, r, y + n, N);
+    switch (M - r) {
+      case 3: block_rows_avx2<FMT, 3>(q, dn, mn, nb, X, r, y + n, N); break;
+      case 2: block_rows_avx2<FMT, 2>(q, dn, mn, nb, X, r, y + n, N); break;
+      case 1: block_rows_avx2<FMT, 1>(q, dn, mn, nb, X, r, y + n, N); break;
+    }
+  }
+}
+
+template <int MT>
+AVX2_INLINE inline void bf16_rows_avx2(const uint16_t* w, const float* x, int r0, int Kp, float* y, int64_t ystride) {
+  __m256 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  for (int k = 0; k < Kp; k += 16) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(w + k));
+    const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
+    const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
+    for (int r = 0; r < MT; ++r) {
+      const float* xr = x + (size_t)(r0 + r) * Kp + k;
+      acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[r]);
+      acc[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) y[(size_t)(r0 + r) * ystride] = hsum_avx2(acc[r]);
+}
+
+AVX2 void bf16_range_avx2(const uint16_t* w, const float* x, int M, int Kp, int64_t n0, int64_t n1, float* y,
+                          int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* wn = w + (size_t)n * Kp;
+    int r = 0;
+    for (; r + 4 <= M; r += 4) bf16_rows_avx2<4>(wn, x, r, Kp, y + n, N);
+    switch (M - r) {
+      case 3: bf16_rows_avx2<3>(wn, x, r, Kp, y + n, N); break;
+      case 2: bf16_rows_avx2<2>(wn, x, r, Kp, y + n, N); break;
+      case 1: bf16_rows_avx2<1>(wn, x, r, Kp, y + n, N); break;
+    }
+  }
+}
+
 // Output rows per chunk (pool.h): ~64 KiB of weights, so a small matrix is one chunk and runs on the caller.
 int64_t grain_rows(int64_t row_bytes) { return std::max<int64_t>(16, (64 << 10) / std::max<int64_t>(1, row_bytes)); }
 
@@ -248,6 +351,13 @@ torch::Tensor add_bias(torch::Tensor y, const c10::optional<torch::Tensor>& bias
 }
 
 }  // namespace
+
+bool avx2_available() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool path_available(int64_t path) { return path == 0 || (path == 1 && avx512_available()) || (path == 2 && avx2_available()); }
 
 bool avx512_available() {
   __builtin_cpu_init();
@@ -266,6 +376,10 @@ void block_matmul_raw(const float* x, int M, int K, int fmt, const uint8_t* qp, 
       for (int64_t n = n0; n < n1; ++n)
         block_rows_scalar(fmt, qp + (size_t)n * nb * bpb, dp + (size_t)n * nb, mp ? mp + (size_t)n * nb : nullptr,
                           nb, X, 0, M, yp + n, N);
+    } else if (path == 2) {
+      if (fmt == Q8_0) block_range_avx2<Q8_0>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
+      else if (fmt == Q4_0) block_range_avx2<Q4_0>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
+      else block_range_avx2<Q4_1>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
     } else if (fmt == Q8_0) {
       block_range_avx512<Q8_0>(qp, dp, mp, nb, X, M, n0, n1, yp, N);
     } else if (fmt == Q4_0) {
@@ -280,13 +394,16 @@ void bf16_matmul_raw(const float* x, int M, int Kp, const uint16_t* wp, int N, f
   row_pool().run(N, grain_rows((int64_t)Kp * 2), [&](int64_t n0, int64_t n1) {
     if (path == 0) {
       for (int64_t n = n0; n < n1; ++n) bf16_row_scalar(wp + (size_t)n * Kp, x, M, Kp, yp + n, N);
+    } else if (path == 2) {
+      bf16_range_avx2(wp, x, M, Kp, n0, n1, yp, N);
     } else {
       bf16_range_avx512(wp, x, M, Kp, n0, n1, yp, N);
     }
   });
 }
 
-// x [M, K] float32; qs [N, nb, 32 or 16] uint8; d, m [N, nb] fp16 (m only for Q4_1). path: 1 AVX-512, 0 plain C++.
+// x [M, K] float32; qs [N, nb, 32 or 16] uint8; d, m [N, nb] fp16 (m only for Q4_1). path: 1 AVX-512, 2 AVX2,
+// 0 plain C++.
 torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch::Tensor d,
                            c10::optional<torch::Tensor> m, c10::optional<torch::Tensor> bias, int64_t path) {
   check_x(x);
@@ -294,7 +411,7 @@ torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch
   TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && qs.dim() == 3 && d.scalar_type() == torch::kFloat16,
               "qs [N, nb, bytes] and d [N, nb] fp16, contiguous");
   TORCH_CHECK(fmt != Q4_1 || (m.has_value() && m->is_contiguous()), "Q4_1 needs m");
-  TORCH_CHECK(path == 0 || avx512_available(), "this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(path_available(path), "kernel path ", path, " needs a CPU feature this one lacks (1: AVX-512 VNNI, 2: AVX2)");
   const int M = x.size(0), K = x.size(1), N = qs.size(0), nb = qs.size(1);
   TORCH_CHECK(K <= nb * 32 && K > (nb - 1) * 32, "x has ", K, " columns, weights ", nb, " blocks of 32");
   const int bpb = fmt == Q8_0 ? 32 : 16;
@@ -310,7 +427,7 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   check_x(x);
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2 && w.size(1) % 32 == 0,
               "w must be contiguous [N, Kp] bfloat16 with Kp a multiple of 32");
-  TORCH_CHECK(path == 0 || avx512_available(), "this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(path_available(path), "kernel path ", path, " needs a CPU feature this one lacks (1: AVX-512 VNNI, 2: AVX2)");
   const int M = x.size(0), K = x.size(1), N = w.size(0), Kp = w.size(1);
   TORCH_CHECK(K <= Kp && K > Kp - 32, "x has ", K, " columns, weights ", Kp);
   torch::Tensor xp = K == Kp ? x : torch::constant_pad_nd(x, {0, Kp - K});
@@ -323,6 +440,7 @@ void register_fused_step(pybind11::module_& mod);  // fused_step.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
   mod.def("avx512_available", &avx512_available, "AVX-512 F/BW/VL/DQ + VNNI on this CPU");
+  mod.def("avx2_available", &avx2_available, "AVX2 + FMA + F16C on this CPU");
   // the GIL is released while a matmul runs: the server's event loop keeps going during a decode step
   mod.def("block_matmul", &block_matmul, "x @ W^T for Q8_0 / Q4_0 / Q4_1 block weights",
           py::call_guard<py::gil_scoped_release>());

@@ -4,13 +4,14 @@
 
 Paths, chosen once per process (or per call with `path`, which the tests use):
     "avx512"  the C++ kernels' AVX-512 VNNI code (kernels.cpp), where the CPU has it
+    "avx2"    their AVX2 + FMA code, where the CPU has that but not AVX-512 VNNI (AMD Zen 2/3, older Intel)
     "cpp"     the same C++ extension's plain C++ loops (other CPUs)
     "torch"   dequantise the weight and call F.linear: where the extension cannot be built
               (no compiler), with a one-line warning
-The environment variable TINYSTACK_QUANT_KERNEL=avx512|cpp|torch forces one.
+The environment variable TINYSTACK_QUANT_KERNEL=avx512|avx2|cpp|torch forces one.
 
 The extension (kernels.cpp, pack.cpp) is compiled at first use with -O3 (the AVX-512 functions carry their own
-target attributes, so the library runs on any x86-64 and the path is chosen at run time by
+target attributes, as do the AVX2 ones, so the library runs on any x86-64 and the path is chosen at run time by
 `__builtin_cpu_supports`), cached by torch under ~/.cache/torch_extensions (one build per version of
 the sources). The C++ paths quantise activations to int8 per block of 32 (as llama.cpp does), so they differ from the
 dequantised float product by that rounding; the torch path multiplies in float.
@@ -34,7 +35,8 @@ import torch.nn.functional as F
 from tinystack import native
 from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
 
-PATHS = ("avx512", "cpp", "torch")
+PATHS = ("avx512", "avx2", "cpp", "torch")
+PATH_CODES = {"cpp": 0, "avx512": 1, "avx2": 2}  # kernels.cpp's `path` argument
 GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
 _KERNELS_FOR_ALL_ROWS = contextvars.ContextVar("kernels_for_all_rows", default=False)
 _SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp", "fused_step.cpp")]
@@ -59,13 +61,16 @@ def default_path() -> str:
     ext = extension() if sys.platform.startswith("linux") or sys.platform == "darwin" else None
     if ext is None:
         return "torch"
-    return "avx512" if ext.avx512_available() else "cpp"
+    return available_paths()[0]
 
 
 def available_paths() -> list[str]:
-    """The paths that can run here (the tests cover each)."""
+    """The paths that can run here, fastest first (the tests cover each)."""
     ext = extension()
-    return (["avx512"] if ext is not None and ext.avx512_available() else []) + (["cpp"] if ext else []) + ["torch"]
+    if ext is None:
+        return ["torch"]
+    simd = [("avx512", ext.avx512_available()), ("avx2", ext.avx2_available())]
+    return [path for path, ok in simd if ok] + ["cpp", "torch"]
 
 
 @contextlib.contextmanager
@@ -87,7 +92,7 @@ def matmul(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, path: s
     ext = extension()
     if ext is None:
         raise RuntimeError(f"the {path!r} kernel path needs the C++ extension, which could not be built")
-    code = 1 if path == "avx512" else 0
+    code = PATH_CODES[path]
     x = x.contiguous()
     if p.fmt == "bf16":
         return ext.bf16_matmul(x, p.qs, bias, code)
