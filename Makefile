@@ -37,12 +37,9 @@ redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
 		|| echo "warning: could not install redis-server (needs root and Debian's apt); the Redis rate-limit test will fail"
 
-# The test files on worker processes, one file at a time each (its module and session fixtures built once there),
-# as many workers as cores, at most 2: alone the suite keeps about one core busy (servers, subprocesses and
-# Ray clusters wait). Files with slow tests start first (tests/conftest.py).
 test: setup-dev browser redis
 	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m pytest -q -n auto --maxprocesses 2 --dist loadfile --no-loadscope-reorder $(ARGS)
+	$(PY) -m pytest -q $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
