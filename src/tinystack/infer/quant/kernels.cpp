@@ -29,6 +29,22 @@
 
 namespace {
 
+// Activation rows 0..M as tiles of 4 and one tile of the 1-3 left over: tile(std::integral_constant<int, MT>(), r0)
+// each. The kernels take their row count as a template parameter (one unrolled body per tile size); this is the
+// one place that walks the rows. The callers are `flatten`ed, so the tiles inline into the ISA-specific range.
+#define FLATTEN __attribute__((flatten))  // inline every call in the function, the row_tiles lambdas included
+
+template <class Tile>
+inline void row_tiles(int M, Tile&& tile) {
+  int r = 0;
+  for (; r + 4 <= M; r += 4) tile(std::integral_constant<int, 4>(), r);
+  switch (M - r) {
+    case 3: tile(std::integral_constant<int, 3>(), r); break;
+    case 2: tile(std::integral_constant<int, 2>(), r); break;
+    case 1: tile(std::integral_constant<int, 1>(), r); break;
+  }
+}
+
 // ---- activations -> int8 blocks. Q4 kernels want each group of 4 blocks as [lo halves | hi halves]
 // (matching the nibble split of 4 consecutive 16-byte weight blocks); Q8 keeps the natural order.
 struct QuantX {
@@ -100,8 +116,8 @@ void block_rows_scalar(int fmt, const uint8_t* qs, const uint16_t* d, const uint
 #define AVX512_INLINE __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 
 template <int FMT, int MT>
-AVX512_INLINE inline void block_rows_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
-                              int r0, float* y, int64_t ystride) {
+AVX512_INLINE inline void block_rows_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb,
+                                           const QuantX& X, int r0, float* y, int64_t ystride) {
   const __m512i lo4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
   const __m512i pick_a = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
   const __m512i pick_b = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
@@ -175,20 +191,16 @@ AVX512_INLINE inline void block_rows_avx512(const uint8_t* qs, const uint16_t* d
 // Output rows n0..n1 for all M activation rows, in tiles of up to 4 (the kernel is inlined here, so its
 // constants are set up once per range, not per output row).
 template <int FMT>
-AVX512 void block_range_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
-                               int M, int64_t n0, int64_t n1, float* y, int64_t N) {
+AVX512 FLATTEN void block_range_avx512(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
+                                       int M, int64_t n0, int64_t n1, float* y, int64_t N) {
   constexpr int bpb = FMT == Q8_0 ? 32 : 16;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* q = qs + (size_t)n * nb * bpb;
     const uint16_t* dn = d + (size_t)n * nb;
     const uint16_t* mn = m ? m + (size_t)n * nb : nullptr;
-    int r = 0;
-    for (; r + 4 <= M; r += 4) block_rows_avx512<FMT, 4>(q, dn, mn, nb, X, r, y + n, N);
-    switch (M - r) {
-      case 3: block_rows_avx512<FMT, 3>(q, dn, mn, nb, X, r, y + n, N); break;
-      case 2: block_rows_avx512<FMT, 2>(q, dn, mn, nb, X, r, y + n, N); break;
-      case 1: block_rows_avx512<FMT, 1>(q, dn, mn, nb, X, r, y + n, N); break;
-    }
+    row_tiles(M, [&](auto mt, int r) AVX512 {
+      block_rows_avx512<FMT, decltype(mt)::value>(q, dn, mn, nb, X, r, y + n, N);
+    });
   }
 }
 
@@ -206,14 +218,19 @@ void bf16_row_scalar(const uint16_t* w, const float* x, int M, int Kp, float* y,
   }
 }
 
+AVX512_INLINE inline __m512 widen_bf16_avx512(__m256i h) {  // 16 bf16 -> 16 fp32: the bits, 16 places up
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 template <int MT>
-AVX512_INLINE inline void bf16_rows_avx512(const uint16_t* w, const float* x, int r0, int Kp, float* y, int64_t ystride) {
+AVX512_INLINE inline void bf16_rows_avx512(const uint16_t* w, const float* x, int r0, int Kp, float* y,
+                                           int64_t ystride) {
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
   for (int k = 0; k < Kp; k += 32) {
     const __m512i raw = _mm512_loadu_si512(w + k);
-    const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(raw)), 16));
-    const __m512 w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(raw, 1)), 16));
+    const __m512 w0 = widen_bf16_avx512(_mm512_castsi512_si256(raw));
+    const __m512 w1 = widen_bf16_avx512(_mm512_extracti64x4_epi64(raw, 1));
     for (int r = 0; r < MT; ++r) {
       const float* xr = x + (size_t)(r0 + r) * Kp + k;
       acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r]);
@@ -223,17 +240,11 @@ AVX512_INLINE inline void bf16_rows_avx512(const uint16_t* w, const float* x, in
   for (int r = 0; r < MT; ++r) y[(size_t)(r0 + r) * ystride] = _mm512_reduce_add_ps(acc[r]);
 }
 
-AVX512 void bf16_range_avx512(const uint16_t* w, const float* x, int M, int Kp, int64_t n0, int64_t n1, float* y,
-                              int64_t N) {
+AVX512 FLATTEN void bf16_range_avx512(const uint16_t* w, const float* x, int M, int Kp, int64_t n0, int64_t n1,
+                                      float* y, int64_t N) {
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* wn = w + (size_t)n * Kp;
-    int r = 0;
-    for (; r + 4 <= M; r += 4) bf16_rows_avx512<4>(wn, x, r, Kp, y + n, N);
-    switch (M - r) {
-      case 3: bf16_rows_avx512<3>(wn, x, r, Kp, y + n, N); break;
-      case 2: bf16_rows_avx512<2>(wn, x, r, Kp, y + n, N); break;
-      case 1: bf16_rows_avx512<1>(wn, x, r, Kp, y + n, N); break;
-    }
+    row_tiles(M, [&](auto mt, int r) AVX512 { bf16_rows_avx512<decltype(mt)::value>(wn, x, r, Kp, y + n, N); });
   }
 }
 
@@ -289,21 +300,21 @@ AVX2_INLINE inline void block_rows_avx2(const uint8_t* qs, const uint16_t* d, co
 }
 
 template <int FMT>
-AVX2 void block_range_avx2(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
-                           int M, int64_t n0, int64_t n1, float* y, int64_t N) {
+AVX2 FLATTEN void block_range_avx2(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int nb, const QuantX& X,
+                                   int M, int64_t n0, int64_t n1, float* y, int64_t N) {
   constexpr int bpb = FMT == Q8_0 ? 32 : 16;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* q = qs + (size_t)n * nb * bpb;
     const uint16_t* dn = d + (size_t)n * nb;
     const uint16_t* mn = m ? m + (size_t)n * nb : nullptr;
-    int r = 0;
-    for (; r + 4 <= M; r += 4) block_rows_avx2<FMT, 4>(q, dn, mn, nb, X, r, y + n, N);
-    switch (M - r) {
-      case 3: block_rows_avx2<FMT, 3>(q, dn, mn, nb, X, r, y + n, N); break;
-      case 2: block_rows_avx2<FMT, 2>(q, dn, mn, nb, X, r, y + n, N); break;
-      case 1: block_rows_avx2<FMT, 1>(q, dn, mn, nb, X, r, y + n, N); break;
-    }
+    row_tiles(M, [&](auto mt, int r) AVX2 {
+      block_rows_avx2<FMT, decltype(mt)::value>(q, dn, mn, nb, X, r, y + n, N);
+    });
   }
+}
+
+AVX2_INLINE inline __m256 widen_bf16_avx2(__m128i h) {  // 8 bf16 -> 8 fp32
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 template <int MT>
@@ -312,8 +323,8 @@ AVX2_INLINE inline void bf16_rows_avx2(const uint16_t* w, const float* x, int r0
   for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
   for (int k = 0; k < Kp; k += 16) {
     const __m256i raw = _mm256_loadu_si256((const __m256i*)(w + k));
-    const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
-    const __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
+    const __m256 w0 = widen_bf16_avx2(_mm256_castsi256_si128(raw));
+    const __m256 w1 = widen_bf16_avx2(_mm256_extracti128_si256(raw, 1));
     for (int r = 0; r < MT; ++r) {
       const float* xr = x + (size_t)(r0 + r) * Kp + k;
       acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[r]);
@@ -323,17 +334,11 @@ AVX2_INLINE inline void bf16_rows_avx2(const uint16_t* w, const float* x, int r0
   for (int r = 0; r < MT; ++r) y[(size_t)(r0 + r) * ystride] = hsum_avx2(acc[r]);
 }
 
-AVX2 void bf16_range_avx2(const uint16_t* w, const float* x, int M, int Kp, int64_t n0, int64_t n1, float* y,
-                          int64_t N) {
+AVX2 FLATTEN void bf16_range_avx2(const uint16_t* w, const float* x, int M, int Kp, int64_t n0, int64_t n1,
+                                  float* y, int64_t N) {
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* wn = w + (size_t)n * Kp;
-    int r = 0;
-    for (; r + 4 <= M; r += 4) bf16_rows_avx2<4>(wn, x, r, Kp, y + n, N);
-    switch (M - r) {
-      case 3: bf16_rows_avx2<3>(wn, x, r, Kp, y + n, N); break;
-      case 2: bf16_rows_avx2<2>(wn, x, r, Kp, y + n, N); break;
-      case 1: bf16_rows_avx2<1>(wn, x, r, Kp, y + n, N); break;
-    }
+    row_tiles(M, [&](auto mt, int r) AVX2 { bf16_rows_avx2<decltype(mt)::value>(wn, x, r, Kp, y + n, N); });
   }
 }
 
@@ -343,6 +348,11 @@ int64_t grain_rows(int64_t row_bytes) { return std::max<int64_t>(16, (64 << 10) 
 void check_x(const torch::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(),
               "x must be a contiguous 2-D float32 CPU tensor");
+}
+
+void check_path(int64_t path) {
+  TORCH_CHECK(path_available(path), "kernel path ", path,
+              " needs a CPU feature this one lacks (1: AVX-512 VNNI, 2: AVX2)");
 }
 
 torch::Tensor add_bias(torch::Tensor y, const c10::optional<torch::Tensor>& bias) {
@@ -357,7 +367,9 @@ bool avx2_available() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-bool path_available(int64_t path) { return path == 0 || (path == 1 && avx512_available()) || (path == 2 && avx2_available()); }
+bool path_available(int64_t path) {
+  return path == 0 || (path == 1 && avx512_available()) || (path == 2 && avx2_available());
+}
 
 bool avx512_available() {
   __builtin_cpu_init();
@@ -411,7 +423,7 @@ torch::Tensor block_matmul(torch::Tensor x, int64_t fmt, torch::Tensor qs, torch
   TORCH_CHECK(qs.is_contiguous() && d.is_contiguous() && qs.dim() == 3 && d.scalar_type() == torch::kFloat16,
               "qs [N, nb, bytes] and d [N, nb] fp16, contiguous");
   TORCH_CHECK(fmt != Q4_1 || (m.has_value() && m->is_contiguous()), "Q4_1 needs m");
-  TORCH_CHECK(path_available(path), "kernel path ", path, " needs a CPU feature this one lacks (1: AVX-512 VNNI, 2: AVX2)");
+  check_path(path);
   const int M = x.size(0), K = x.size(1), N = qs.size(0), nb = qs.size(1);
   TORCH_CHECK(K <= nb * 32 && K > (nb - 1) * 32, "x has ", K, " columns, weights ", nb, " blocks of 32");
   const int bpb = fmt == Q8_0 ? 32 : 16;
@@ -427,7 +439,7 @@ torch::Tensor bf16_matmul(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   check_x(x);
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2 && w.size(1) % 32 == 0,
               "w must be contiguous [N, Kp] bfloat16 with Kp a multiple of 32");
-  TORCH_CHECK(path_available(path), "kernel path ", path, " needs a CPU feature this one lacks (1: AVX-512 VNNI, 2: AVX2)");
+  check_path(path);
   const int M = x.size(0), K = x.size(1), N = w.size(0), Kp = w.size(1);
   TORCH_CHECK(K <= Kp && K > Kp - 32, "x has ", K, " columns, weights ", Kp);
   torch::Tensor xp = K == Kp ? x : torch::constant_pad_nd(x, {0, Kp - K});
