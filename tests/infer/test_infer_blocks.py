@@ -53,6 +53,40 @@ def test_prefix_blocks_are_shared_then_cached_then_evicted_lru():
     bm.check()
 
 
+def _seq_upto(tokens, max_new, rid):
+    return Sequence(rid, "", list(tokens), SamplingParams(temperature=0), max_new)
+
+
+def _step(bm, seq, n):
+    bm.grow(seq, n)
+    seq.num_computed += n
+    seq.token_ids += [0] * max(0, seq.num_computed - len(seq.token_ids))
+
+
+def test_a_new_sequence_starts_where_the_one_before_it_ends_at_its_max_length():
+    bm = BlockManager(num_blocks=64, block_size=4)
+    a = _seq_upto(range(6), 10, "a")  # max_len 16 tokens: blocks 0-3 at most
+    _step(bm, a, 6)
+    assert a.block_table == [0, 1]
+    b = _seq_upto(range(20, 25), 3, "b")  # packed right after a's reach, not in the middle of the free run (33)
+    _step(bm, b, 5)
+    assert b.block_table == [4, 5]
+    for _ in range(10):  # a grows to its max length and stays consecutive: one view, no gather
+        _step(bm, a, 1)
+    assert a.block_table == [0, 1, 2, 3]
+    # a sequence that may grow past the middle of the run: the next one starts in the middle, as before
+    c = _seq_upto(range(40, 44), 400, "c")
+    _step(bm, c, 4)
+    assert c.block_table == [6]
+    d = _seq_upto(range(50, 54), 4, "d")
+    _step(bm, d, 4)
+    assert d.block_table == [7 + (64 - 7) // 2]
+    for s in (a, b, c, d):
+        bm.release(s)
+    bm.check()
+    assert bm.num_used_blocks == 0 and not bm.tails
+
+
 def test_random_interleavings_leak_nothing_and_lose_nothing(model):
     rng = random.Random(0)
     engine = _engine(model, num_kv_blocks=20)

@@ -13,10 +13,16 @@ when the free list is empty. At least one prompt token is always computed, so a 
 has logits to sample from.
 
 Placement: a sequence's blocks are taken consecutively where possible (its next block is
-the one after its last, if free; a new sequence starts in the middle of the largest free
-run, leaving room for the sequence before it to grow), so most rows of a step read their
-keys as one view of the storage instead of a gather (paged_cache.py). Nothing is
-reserved: any free block still goes to whoever needs it when memory is short.
+the one after its last, if free), so most rows of a step read their keys as one view of the
+storage instead of a gather (paged_cache.py). A new sequence starts at the largest free run;
+if a live sequence ends just before that run, the new one starts where that sequence would end
+at its maximum length (`max_len`: prompt + max_tokens), or in the middle of the run if that is
+nearer, leaving it room to grow. Starting no further out than that keeps live sequences packed
+at the low end of the storage: each (layer, head) of the KV storage is its own slab of 2 MiB pages
+(paged_cache.py), so a block in a part of the storage no block has used yet makes the OS fault in
+and zero a fresh page in every slab (180 for SmolLM2): kernel time the request waits for
+(BENCHMARKS.md, "KV pages a fresh engine faults in"). Nothing is reserved: any free block still goes
+to whoever needs it when memory is short.
 
 Invariants (tested under random interleavings): every block is exactly one of
 used (ref > 0), cached (ref == 0, hashed, on the LRU) or free; after every sequence has
@@ -50,7 +56,9 @@ class BlockManager:
         self.by_hash: dict[int, int] = {}
         self.free = np.ones(num_blocks, dtype=bool)  # never used, or released without a hash
         self.num_plain_free = num_blocks
-        self.tails: set[int] = set()  # the last block of each live sequence (don't start a new one right after)
+        # the last block of each live sequence -> the block after where it ends at its maximum length, were it
+        # to grow consecutively (a new sequence starts there, not right after the tail)
+        self.tails: dict[int, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()  # ref == 0 but hashed: reusable, evictable
         self.prefix_hits = 0  # tokens served from the prefix cache, for reports and metrics
         self.prefix_queries = 0  # tokens looked up in it (hit rate = hits / queries)
@@ -98,7 +106,8 @@ class BlockManager:
         starts, ends = edges[0::2], edges[1::2]
         i = int(np.argmax(ends - starts))
         a, e = int(starts[i]), int(ends[i])
-        return a + (e - a) // 2 if a - 1 in self.tails else a
+        reach = self.tails.get(a - 1)
+        return a if reach is None else min(reach, a + (e - a) // 2)
 
     def match_prefix(self, seq: Sequence) -> None:
         """For a sequence with no blocks: share every cached full block its tokens start with."""
@@ -133,10 +142,14 @@ class BlockManager:
             return
         table = seq.block_table
         if table:
-            self.tails.discard(table[-1])
+            self.tails.pop(table[-1], None)
         for _ in range(need):
             table.append(self._take(table[-1] + 1 if table else None))
-        self.tails.add(table[-1])
+        self._mark_tail(seq)
+
+    def _mark_tail(self, seq: Sequence) -> None:
+        table = seq.block_table
+        self.tails[table[-1]] = table[-1] + 1 + max(0, self.blocks_for(seq.max_len) - len(table))
 
     def truncate(self, seq: Sequence) -> None:
         """Free the blocks past the sequence's computed tokens (rejected speculative tokens were written there).
@@ -145,14 +158,14 @@ class BlockManager:
         keep = max(1, self.blocks_for(seq.num_computed))
         if len(seq.block_table) <= keep:
             return
-        self.tails.discard(seq.block_table[-1])
+        self.tails.pop(seq.block_table[-1], None)
         for b in seq.block_table[keep:]:
             assert self.ref[b] == 1 and self.hash_of[b] is None, f"block {b} is shared or cached"
             self.ref[b] = 0
             self.free[b] = True
             self.num_plain_free += 1
         del seq.block_table[keep:]
-        self.tails.add(seq.block_table[-1])
+        self._mark_tail(seq)
 
     def commit(self, seq: Sequence) -> None:
         """After a step: register the blocks that are now full of computed tokens."""
@@ -171,7 +184,7 @@ class BlockManager:
     def release(self, seq: Sequence) -> None:
         """Drop the sequence's references; its hashed blocks stay cached, the rest go free."""
         if seq.block_table:
-            self.tails.discard(seq.block_table[-1])
+            self.tails.pop(seq.block_table[-1], None)
         for b in reversed(seq.block_table):  # tail first: the LRU evicts a prefix's end before its start
             self.ref[b] -= 1
             assert self.ref[b] >= 0, f"block {b} released twice"
