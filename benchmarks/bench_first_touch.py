@@ -1,15 +1,18 @@
 """What a fresh engine's first requests pay to fault in KV-cache pages: SmolLM2-135M-Instruct, rounds of
-`--concurrent` requests through `LLM.generate`, block placement as the engine does it ("packed") vs the placement
-it replaced ("middle": a new sequence started in the middle of the largest free run).
+`--concurrent` requests through `LLM.generate`, `--settle` seconds after the engine was made (as a server's first
+request comes some time after it started).
 
 The KV storage is one slab per (layer, K/V head) in 2 MiB pages (infer/paged_cache.py), so the first block a
 sequence takes in a part of the storage no block has used yet faults in one fresh page in every slab (180 for
-SmolLM2). Each arm runs in a process of its own (a fresh engine, a fresh mapping), the arms' order alternating
-over `--trials`; per round: wall time, the process's system CPU time (the kernel zeroing pages) and the 2 MiB
-pages the OS handed out (`thp_fault_alloc` in /proc/vmstat: machine-wide, so run it on an idle machine).
-Writes benchmarks/results/first_touch.json.
+SmolLM2). Three arms: the engine as it is ("now": sequences packed at the low end of the storage, whose first
+pages a background thread faulted in when the storage was made), the same without that thread ("no prefault"),
+and the engine before either ("middle": a new sequence started in the middle of the largest free run). Each arm
+runs in a process of its own (a fresh engine, a fresh mapping), the arms' order rotating over `--trials`; per
+round: wall time, the process's system CPU time (the kernel zeroing pages) and the 2 MiB pages the OS handed out
+(`thp_fault_alloc` in /proc/vmstat: machine-wide, so run it on an idle machine). Writes
+benchmarks/results/first_touch.json.
 
-    .venv/bin/python benchmarks/bench_first_touch.py [--trials 2] [--rounds 3] [--concurrent 8]
+    .venv/bin/python benchmarks/bench_first_touch.py [--trials 3] [--rounds 3] [--concurrent 8] [--settle 1]
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import RESULTS, finish, machine  # noqa: E402
 from tinystack.atomic import write_json  # noqa: E402
 
-ARMS = ("packed", "middle")
+ARMS = ("now", "no prefault", "middle")
 
 
 def thp_faults() -> int:
@@ -37,11 +40,13 @@ def thp_faults() -> int:
     return -1
 
 
-def run_arm(arm: str, model_dir: str, rounds: int, concurrent: int) -> list[dict]:
+def run_arm(arm: str, model_dir: str, rounds: int, concurrent: int, settle: float) -> list[dict]:
     """In this process: a fresh engine, then `rounds` rounds of `concurrent` new requests (64 tokens each)."""
-    from tinystack.infer import LLM, SamplingParams
+    from tinystack.infer import LLM, SamplingParams, paged_cache
     from tinystack.infer.block_manager import BlockManager
 
+    if arm != "now":
+        paged_cache._prefault_first_pages = lambda *stores: None
     if arm == "middle":  # the rule before: the middle of the largest free run whenever a live sequence precedes it
         def middle(self) -> int:
             import numpy as np
@@ -52,6 +57,7 @@ def run_arm(arm: str, model_dir: str, rounds: int, concurrent: int) -> list[dict
             return a + (e - a) // 2 if a - 1 in self.tails else a
         BlockManager._new_extent = middle
     llm = LLM(model_dir, verbose=False)
+    time.sleep(settle)
     out = []
     for r in range(rounds):
         prompts = [f"Request {r}-{i}: tell me a long story about a dragon and a knight. " * 10
@@ -66,17 +72,19 @@ def run_arm(arm: str, model_dir: str, rounds: int, concurrent: int) -> list[dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrent", type=int, default=8)
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds between making the engine and the requests")
     ap.add_argument("--model", help="a SmolLM2 model directory (default: imported from the packaged GGUF)")
     ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # a worker process's arm
     ap.add_argument("--out", type=Path, default=RESULTS / "first_touch.json")
     args = ap.parse_args()
     if args.arm:
-        print(json.dumps(run_arm(args.arm, args.model, args.rounds, args.concurrent)))
+        print(json.dumps(run_arm(args.arm, args.model, args.rounds, args.concurrent, args.settle)))
         return
-    res = {"machine": machine(), "concurrent": args.concurrent, "max_tokens": 64, "arms": {a: [] for a in ARMS}}
+    res = {"machine": machine(), "concurrent": args.concurrent, "max_tokens": 64, "settle_s": args.settle,
+           "arms": {a: [] for a in ARMS}}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
@@ -84,9 +92,9 @@ def main() -> None:
             model_dir = str(Path(tmp) / "smollm2")
             import_model("smollm2-135m-instruct", model_dir)
         for t in range(args.trials):
-            for arm in ARMS if t % 2 == 0 else ARMS[::-1]:
+            for arm in ARMS[t % len(ARMS):] + ARMS[:t % len(ARMS)]:
                 cmd = [sys.executable, __file__, "--arm", arm, "--model", model_dir, "--rounds", str(args.rounds),
-                       "--concurrent", str(args.concurrent)]
+                       "--concurrent", str(args.concurrent), "--settle", str(args.settle)]
                 rounds = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
                 res["arms"][arm].append(rounds)
                 print(f"trial {t} {arm}: " + "; ".join(

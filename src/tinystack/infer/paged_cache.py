@@ -5,7 +5,9 @@ the slots (block * block_size + offset) in a row, so a row's history is [nkv, S,
 (a view for consecutive blocks) and a gather over slots is one contiguous index_select.
 The contiguous cache is the same storage with block_size = max_seq_len and one block
 per sequence (preallocated to the full context); the paged cache uses small blocks
-(default 16 tokens) handed out by the BlockManager.
+(default 16 tokens) handed out by the BlockManager. The storage is mapped lazily (weight_arena.hugepage_empty);
+each (layer, head) slab's first 2 MiB, where the BlockManager puts the first blocks, is faulted in by a
+background thread when the storage is made (`KVStorage.prefault`).
 
 A step runs R sequences, row r feeding n_r new tokens at positions p_r..p_r+n_r-1.
 The rows are PACKED, not padded: the model sees one row of N = sum(n_r) tokens
@@ -29,11 +31,12 @@ loaded 2-core Xeon (1 thread, SmolLM2 q8_0, 16 rows at contexts 40-400, interlea
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
 
-from tinystack.infer.weight_arena import hugepage_empty
+from tinystack.infer.weight_arena import HUGE_PAGE, hugepage_empty, populate
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, hugepages: bool) -> torch.Tensor:
@@ -42,6 +45,12 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, hug
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     return hugepage_empty(nbytes, hugepages).view(dtype).view(shape)
+
+
+def _prefault_first_pages(*stores: torch.Tensor) -> None:
+    for store in stores:
+        for slab in store.view(store.shape[0] * store.shape[1], -1):  # one (layer, head) slab a row
+            populate(slab, min(HUGE_PAGE, slab.numel() * slab.element_size()))
 
 
 class KVStorage:
@@ -54,6 +63,15 @@ class KVStorage:
         self.k_slots = [self.k[i].view(n_kv_head, -1, head_dim) for i in range(n_layer)]
         self.v_slots = [self.v[i].view(n_kv_head, -1, head_dim) for i in range(n_layer)]
         self._scratch: list[torch.Tensor] = []
+        # The storage is mapped, not yet backed: a block's first write faults in one page in each of the
+        # 2 n_layer n_kv_head slabs (one per layer and head of K and of V). The first blocks any sequence takes lie
+        # in each slab's first page (block_manager.py packs sequences at the low end), so those pages are faulted
+        # in now, off the caller's thread: the first requests then do not wait for the OS to find and zero them.
+        self.prefault: threading.Thread | None = None
+        if self.k.device.type == "cpu":
+            self.prefault = threading.Thread(target=_prefault_first_pages, args=(self.k, self.v), daemon=True,
+                                             name="kv-prefault")
+            self.prefault.start()
 
     def gather_buffers(self, shape: tuple[int, ...]) -> list[torch.Tensor]:
         """Two reusable tensors of `shape` for the batched decode's K and V gathers, grown as needed and kept:

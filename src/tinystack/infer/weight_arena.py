@@ -13,6 +13,8 @@ with madvise(MADV_HUGEPAGE) when /sys/kernel/mm/transparent_hugepage/enabled is
 
     hugepage_empty(nbytes)  -> a zero-filled uint8 tensor on an mmap'd, 2 MiB-aligned, madvised region
                                (ordinary memory where the OS has no such pages: same values, just slower)
+    populate(t, nbytes)     -> the pages under t's first nbytes faulted in now, contents unchanged
+                               (MADV_POPULATE_WRITE); False where the OS cannot
     place_weights(model)    -> every CPU parameter and buffer copied into one such arena (ties kept:
                                a Parameter shared by two modules is moved once), the output head's
                                weight stored transposed ("column-major", see below); returns a report
@@ -26,6 +28,8 @@ layouts decode equally fast, and row-major prefills (compute-bound matrix produc
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,7 @@ import torch
 
 HUGE_PAGE = 2 << 20
 _ALIGN = 64  # every tensor starts on a cache line
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (asm-generic/mman-common.h); Python's mmap module does not name it
 
 
 def hugepages_available() -> bool:
@@ -62,6 +67,28 @@ def hugepage_empty(nbytes: int, hugepages: bool = True) -> torch.Tensor:
     buf = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` alive as long as any view of it
     start = -buf.data_ptr() % HUGE_PAGE
     return buf[start: start + nbytes]
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):  # no C library with madvise (not a POSIX system)
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def populate(t: torch.Tensor, nbytes: int) -> bool:
+    """Fault in the pages under the first `nbytes` of CPU tensor `t` now, writable, as a first write to each would,
+    without changing what they hold: so a later first write does not wait for the OS to find and zero a page.
+    Safe while other threads read and write the memory. False (nothing done) where the OS cannot: not Linux,
+    a kernel before 5.14, or memory that is not anonymous or file-backed private memory."""
+    madvise = _madvise()
+    if madvise is None or nbytes <= 0 or t.device.type != "cpu":
+        return False
+    start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE  # madvise wants a page-aligned start
+    return madvise(start, t.data_ptr() + nbytes - start, MADV_POPULATE_WRITE) == 0
 
 
 @dataclass
