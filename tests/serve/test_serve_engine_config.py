@@ -55,3 +55,24 @@ def test_bench_serve_builds_its_engine_from_infer_flags(tmp_path, model_dir):
     written = json.loads(out.read_text())
     assert written["infer"]["kv_cache"] == "contiguous" and written["infer"]["scheduler"] == "dynamic"
     assert written["infer"]["max_num_seqs"] == 2 and written["rows"][0]["ok"] == 4
+
+
+def test_load_engine_returns_once_the_kv_caches_first_pages_are_in(model_dir, monkeypatch):
+    import threading
+    import time
+
+    from tinystack.infer import paged_cache
+
+    slow_done = threading.Event()
+
+    def slow_prefault(*stores):  # the OS taking its time, as on a VM whose memory is backed on first touch
+        time.sleep(0.5)
+        slow_done.set()
+
+    monkeypatch.setattr(paged_cache, "_prefault_first_pages", slow_prefault)
+    engine = load_engine(model_dir, InferConfig(memory_limit_mb=64))
+    try:
+        assert slow_done.is_set() and not engine.engine.storage.prefault.is_alive()
+    finally:
+        engine.shutdown()
+

@@ -94,6 +94,15 @@ class LLMEngine:
         self.counters = EngineCounters()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
 
+    def wait_for_kv_pages(self) -> None:
+        """Block until the KV storages' first pages are faulted in (paged_cache.KVStorage.prefault, a thread that
+        starts with the engine). A server waits for this before it takes requests: a request that came sooner
+        would wait for the same pages itself."""
+        draft = getattr(self.speculator, "proposer", None)
+        for storage in (self.storage, getattr(draft, "storage", None)):
+            if storage is not None and storage.prefault is not None:
+                storage.prefault.join()
+
     # -- requests --
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         """The ids the engine runs for `prompt` (text, or ids already): the one home of the prompt rules.

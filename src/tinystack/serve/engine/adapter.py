@@ -105,10 +105,13 @@ class EngineAdapter(Protocol):
 def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") -> Any:
     """The AsyncEngine for a model directory, built from the [infer] section: dtype, quantize, kv_cache,
     block_size, memory budget, and the scheduler (continuous batching of up to max_num_seqs sequences,
-    or the dynamic batcher's batches of max_num_seqs; max_num_seqs=1 is no batching)."""
+    or the dynamic batcher's batches of max_num_seqs; max_num_seqs=1 is no batching). Returns once the KV
+    cache's first pages are in memory, so the first requests served do not wait for them."""
     from tinystack.infer import AsyncEngine
 
-    return AsyncEngine.from_dir(model_dir, device=device, **cfg.load_kwargs(), **cfg.engine_kwargs())
+    engine = AsyncEngine.from_dir(model_dir, device=device, **cfg.load_kwargs(), **cfg.engine_kwargs())
+    engine.engine.wait_for_kv_pages()
+    return engine
 
 
 def make_adapter(engine: Any) -> EngineAdapter:
