@@ -4,7 +4,8 @@
       load: model.io (ours, HF GPT-2, HF Llama family) + tokenizer.json (tinystack.tokenizer.load_tokenizer),
             optional INT8 weights (quant.py); backend "numpy" drives nn.gpt (numpy_backend.py)
       LLMEngine (llm_engine.py): the memory budget (memory.py) sizes the KV storage; weights and
-        KV storage go into 2 MiB pages, the output head column-major (weight_arena.py)
+        KV storage go into 2 MiB pages, the output head column-major (weight_arena.py); a thread
+        faults in the KV storage's first pages (paged_cache.py; wait_for_kv_pages waits for it)
         add_request -> encode_prompt (the prompt rules) -> Sequence (sequence.py) -> scheduler queue
         step: Scheduler (scheduler.py: continuous batching, chunked prefill, preemption)
               or DynamicBatcher (batcher.py)      picks [(seq, n tokens)] within the budgets
