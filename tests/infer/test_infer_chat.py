@@ -52,3 +52,16 @@ def test_template_special_tokens_become_special_ids(chat_dir):
     plain = tok.encode_ordinary(prompt)  # a completion prompt: the same characters stay text
     assert 1 not in plain and 2 not in plain and len(plain) > len(ids)
     assert tok.encode_ordinary(prompt) == plain  # the chat encoder did not change the plain one
+
+
+def test_a_formatter_leaves_the_tokenizer_ready_to_encode_chats(chat_dir, monkeypatch):
+    import tokenizers
+
+    tok = load_tokenizer(chat_dir)
+    fmt = chat_formatter(chat_dir, tok)
+    built = []
+    real = tokenizers.Tokenizer.from_str
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_str", lambda s: built.append(1) or real(s))
+    ids = encode_chat(tok, fmt.render([{"role": "user", "content": "hello"}]))
+    assert ids[0] == 1 and not built  # no encoder built in the request's path
+

@@ -86,9 +86,12 @@ class ChatFormatter:
 
 
 def chat_formatter(model_dir: str | Path | None, tokenizer: Any) -> ChatFormatter:
-    """The formatter of `model_dir`: its template, and its EOS text for templates that write it."""
+    """The formatter of `model_dir`: its template, and its EOS text for templates that write it. Also readies
+    `tokenizer` for encode_chat (its special-token encoder is a second copy of the vocabulary, built on first use):
+    a formatter is made where chats will be encoded, so the build lands here, not in the first chat request."""
     eos_id = getattr(tokenizer, "eos_token_id", None)
     eos = tokenizer.decode([eos_id]) if eos_id is not None else ""
+    encode_chat(tokenizer, "")
     return ChatFormatter(load_chat_template(model_dir), eos_token=eos)
 
 
