@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,8 @@ def hugepage_empty(nbytes: int, hugepages: bool = True) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _madvise():
+    if not sys.platform.startswith("linux"):  # the advice number is Linux's; elsewhere it means something else
+        return None
     try:
         fn = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):  # no C library with madvise (not a POSIX system)
