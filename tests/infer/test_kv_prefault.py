@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import threading
 
 import pytest
@@ -14,6 +15,8 @@ from tinystack.infer.weight_arena import HUGE_PAGE, hugepage_empty, hugepages_av
 
 
 def _populate_supported() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
     major, minor = (int(p) for p in os.uname().release.split(".")[:2])
     return (major, minor) >= (5, 14)  # MADV_POPULATE_WRITE
 
