@@ -1,6 +1,6 @@
 """What a fresh engine's first requests pay to fault in KV-cache pages: SmolLM2-135M-Instruct, rounds of
-`--concurrent` requests through `LLM.generate`, `--settle` seconds after the engine was made (as a server's first
-request comes some time after it started).
+`--concurrent` requests through `LLM.generate`, once the engine is ready as the server takes it to be
+(`LLMEngine.wait_for_kv_pages`).
 
 The KV storage is one slab per (layer, K/V head) in 2 MiB pages (infer/paged_cache.py), so the first block a
 sequence takes in a part of the storage no block has used yet faults in one fresh page in every slab (180 for
@@ -12,7 +12,7 @@ round: wall time, the process's system CPU time (the kernel zeroing pages) and t
 (`thp_fault_alloc` in /proc/vmstat: machine-wide, so run it on an idle machine). Writes
 benchmarks/results/first_touch.json.
 
-    .venv/bin/python benchmarks/bench_first_touch.py [--trials 3] [--rounds 3] [--concurrent 8] [--settle 1]
+    .venv/bin/python benchmarks/bench_first_touch.py [--trials 3] [--rounds 3] [--concurrent 8]
 """
 from __future__ import annotations
 
@@ -40,24 +40,18 @@ def thp_faults() -> int:
     return -1
 
 
-def run_arm(arm: str, model_dir: str, rounds: int, concurrent: int, settle: float) -> list[dict]:
+def run_arm(arm: str, model_dir: str, rounds: int, concurrent: int) -> list[dict]:
     """In this process: a fresh engine, then `rounds` rounds of `concurrent` new requests (64 tokens each)."""
     from tinystack.infer import LLM, SamplingParams, paged_cache
     from tinystack.infer.block_manager import BlockManager
 
     if arm != "now":
         paged_cache._prefault_first_pages = lambda *stores: None
-    if arm == "middle":  # the rule before: the middle of the largest free run whenever a live sequence precedes it
-        def middle(self) -> int:
-            import numpy as np
-            edges = np.flatnonzero(np.diff(np.concatenate(([False], self.free, [False])).astype(np.int8)))
-            starts, ends = edges[0::2], edges[1::2]
-            i = int(np.argmax(ends - starts))
-            a, e = int(starts[i]), int(ends[i])
-            return a + (e - a) // 2 if a - 1 in self.tails else a
-        BlockManager._new_extent = middle
+    if arm == "middle":  # the rule before: every live sequence reaches to the end of the storage, so a new one
+        # starts in the middle of the largest free run whenever a live sequence precedes it
+        BlockManager._mark_tail = lambda self, seq: self.tails.__setitem__(seq.block_table[-1], self.num_blocks)
     llm = LLM(model_dir, verbose=False)
-    time.sleep(settle)
+    llm.engine.wait_for_kv_pages()  # as the server does before it takes requests (a no-op without the prefault)
     out = []
     for r in range(rounds):
         prompts = [f"Request {r}-{i}: tell me a long story about a dragon and a knight. " * 10
@@ -75,16 +69,14 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrent", type=int, default=8)
-    ap.add_argument("--settle", type=float, default=1.0, help="seconds between making the engine and the requests")
     ap.add_argument("--model", help="a SmolLM2 model directory (default: imported from the packaged GGUF)")
     ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # a worker process's arm
     ap.add_argument("--out", type=Path, default=RESULTS / "first_touch.json")
     args = ap.parse_args()
     if args.arm:
-        print(json.dumps(run_arm(args.arm, args.model, args.rounds, args.concurrent, args.settle)))
+        print(json.dumps(run_arm(args.arm, args.model, args.rounds, args.concurrent)))
         return
-    res = {"machine": machine(), "concurrent": args.concurrent, "max_tokens": 64, "settle_s": args.settle,
-           "arms": {a: [] for a in ARMS}}
+    res = {"machine": machine(), "concurrent": args.concurrent, "max_tokens": 64, "arms": {a: [] for a in ARMS}}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
@@ -94,7 +86,7 @@ def main() -> None:
         for t in range(args.trials):
             for arm in ARMS[t % len(ARMS):] + ARMS[:t % len(ARMS)]:
                 cmd = [sys.executable, __file__, "--arm", arm, "--model", model_dir, "--rounds", str(args.rounds),
-                       "--concurrent", str(args.concurrent), "--settle", str(args.settle)]
+                       "--concurrent", str(args.concurrent)]
                 rounds = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
                 res["arms"][arm].append(rounds)
                 print(f"trial {t} {arm}: " + "; ".join(
