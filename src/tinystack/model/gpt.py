@@ -77,6 +77,24 @@ def select_positions(x: torch.Tensor, logit_index: torch.Tensor) -> torch.Tensor
     return x[torch.arange(x.size(0), device=x.device), logit_index][:, None]
 
 
+def head_and_loss(x: torch.Tensor, norm: nn.Module, head: nn.Module, targets: torch.Tensor | None,
+                  logit_index: torch.Tensor | None, apply_head: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The last blocks' output x [B, T, C] -> (logits, mean cross-entropy against `targets` or None), as both
+    families' forward ends: positions picked (`logit_index`, see select_positions), the final norm, the head;
+    `apply_head=False` returns the norm's output in place of the logits (and allows no targets)."""
+    if logit_index is not None:
+        x = select_positions(x, logit_index)
+    x = norm(x)
+    if not apply_head:
+        assert targets is None, "targets need the logits"
+        return x, None
+    logits = head(x)
+    loss = None
+    if targets is not None:
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+    return logits, loss
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -147,14 +165,4 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x, kv_cache)
-        if logit_index is not None:
-            x = select_positions(x, logit_index)
-        x = self.transformer.ln_f(x)
-        if not apply_head:
-            assert targets is None, "targets need the logits"
-            return x, None
-        logits = self.lm_head(x)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return head_and_loss(x, self.transformer.ln_f, self.lm_head, targets, logit_index, apply_head)

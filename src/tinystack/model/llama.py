@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from tinystack.model import fused_ops
 from tinystack.model.attention import KVCache, causal_attention
 from tinystack.model.fused_linear import fuse_rows
-from tinystack.model.gpt import select_positions
+from tinystack.model.gpt import head_and_loss
 
 
 @dataclass
@@ -231,14 +231,4 @@ class Llama(nn.Module):
         x = self.model.embed_tokens(idx)
         for block in self.model.layers:
             x = block(x, cos, sin, kv_cache)
-        if logit_index is not None:
-            x = select_positions(x, logit_index)
-        x = self.model.norm(x)
-        if not apply_head:
-            assert targets is None, "targets need the logits"
-            return x, None
-        logits = self.lm_head(x)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return head_and_loss(x, self.model.norm, self.lm_head, targets, logit_index, apply_head)
