@@ -6,7 +6,8 @@
                  model/gguf_dequant.py)
     kernels.cpp  y = x @ W^T for packed W: AVX-512 VNNI int8 dot products with activations quantised
                  per block of 32 (bf16: fp32 FMAs), plain C++ twins; output rows shared
-                 between torch's threads so that a late thread never delays the caller (pool.h)
+                 between torch's threads so that a late thread never delays the caller (pool.h); the
+                 AVX-512 and AVX2 paths in kernels_avx512.h / kernels_avx2.h (one translation unit)
     kernels.py   builds the extension at first use; picks avx512 | avx2 | cpp | torch (TINYSTACK_QUANT_KERNEL)
     linear.py    QuantLinear / QuantEmbedding / quantize_model(model, fmt)
     auto.py      dtype="auto": time each format's decode matmuls here, check perplexity, pick, cache

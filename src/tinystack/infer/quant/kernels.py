@@ -40,7 +40,7 @@ PATH_CODES = {"cpp": 0, "avx512": 1, "avx2": 2}  # kernels.cpp's `path` argument
 GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover measured: BENCHMARKS.md, "Weight formats")
 _KERNELS_FOR_ALL_ROWS = contextvars.ContextVar("kernels_for_all_rows", default=False)
 _SOURCES = [Path(__file__).with_name(f) for f in ("kernels.cpp", "pack.cpp", "fused_step.cpp")]
-_HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "pool.h")]
+_HEADERS = [Path(__file__).with_name(f) for f in ("kernels.h", "kernels_avx512.h", "kernels_avx2.h", "pool.h")]
 
 
 @functools.lru_cache(maxsize=1)
