@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import multiprocessing
 import statistics
 import sys
@@ -60,8 +59,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import RESULTS, ROOT, alternating, cpu_model, finish, machine, timed
+from finetune_curves import loss_curves
 from tinystack.atomic import write_json
-from tinystack.config import Config, FinetuneConfig, TrainConfig
+from tinystack.config import FinetuneConfig, TrainConfig
 from tinystack.train.allocator import keep_freed_memory
 from tinystack.train.finetune import build_model
 from tinystack.train.loop import make_optimizer, train_model
@@ -233,53 +233,6 @@ def _paired_worker(conn, model_dir: Path, ft: FinetuneConfig | None, tcfg: Train
         ids = rng.integers(0, 49152, (tcfg.batch_size, seq + 1))
         timing = timed(functools.partial(step, ids[:, :-1], ids[:, 1:]))
         conn.send((timing.wall_s, timing.cpu_s))
-
-
-def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, dtype: str, out_png: Path) -> dict:
-    """Fine-tune on the planted facts both ways (the finetune command's code path); plot both loss curves."""
-    import tempfile
-
-    sys.path.insert(0, str(ROOT / "tests/train"))
-    from planted_facts import conversations
-
-    from tinystack.train.finetune import finetune
-
-    runs = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "chat.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in conversations()), encoding="utf-8")
-        for name, lr, r in (("full", 5e-5, 0), (f"lora r={rank}", 3e-3, rank)):
-            cfg = Config()
-            cfg.train.threads, cfg.train.plot, cfg.train.dtype = threads, False, dtype
-            ft = cfg.finetune
-            ft.max_iters, ft.learning_rate, ft.min_lr, ft.lora, ft.lora_alpha = steps, lr, lr / 10, r, 2.0 * r
-            ft.eval_interval, ft.val_fraction, ft.warmup_iters = max(1, steps // 4), 0.2, 3
-            out = Path(tmp) / name.replace(" ", "_").replace("=", "")
-            report = finetune(model_dir, data, out, cfg, progress=False)
-            log = [json.loads(x) for x in (out.parent / f"{out.name}_finetune" / "log.jsonl").read_text().splitlines()]
-            runs[name] = {"learning_rate": lr, "log": log, "heldout": report["heldout"],
-                          "dtype": report["result"]["dtype"]}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for (name, run), color in zip(runs.items(), ("tab:blue", "tab:orange")):
-        ax.plot([r["step"] for r in run["log"]], [r["loss"] for r in run["log"]], color=color, alpha=0.7,
-                label=f"{name} train (lr {run['learning_rate']:g})")
-        val = [r for r in run["log"] if "val_loss" in r]
-        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o--", color=color, label=f"{name} held-out")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss on assistant tokens (nats/token)")
-    ax.set_title("SmolLM2-135M on the planted-facts set: full vs LoRA")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_png)
-    plt.close(fig)
-    return runs
 
 
 def main() -> None:
