@@ -99,6 +99,20 @@ def test_swiglu_passes_nan_through():
     assert torch.isnan(fused_ops.swiglu(gu)[0, 0]) and torch.isfinite(fused_ops.swiglu(gu)[0, 1])
 
 
+def test_the_exponential_is_float32_accurate_over_its_whole_range(threads):
+    """fused_ops.h's exp_f32, read through the float32 cross-entropy gradient rows, which write exp(l - lse) * scale:
+    with lse 0 and scale 1 each entry but the target's is exp(l). Within 2 ulp of float64's exp where the result is
+    a normal float, exactly 0 below -87 and for -inf, NaN for NaN."""
+    x = torch.cat([torch.linspace(-87.0, 88.0, 400_001), torch.tensor([0.0, 1e-30, -1e-30, 88.0, -86.99])])
+    row = torch.cat([torch.tensor([0.0]), x, torch.tensor([-87.5, -100.0, -float("inf"), float("nan")])])[None]
+    one = torch.ones(1)
+    got = fused_ops.extension().cross_entropy_grad(row, torch.tensor([0]), torch.zeros(1), one, False)[0, 1:]
+    want = x.double().exp()
+    ulps = ((got[: len(x)].double() - want).abs() / (want * 2.0**-23)).max()
+    assert ulps <= 2.0, float(ulps)
+    assert torch.equal(got[len(x):len(x) + 3], torch.zeros(3)) and torch.isnan(got[-1])
+
+
 def _tiny_llama() -> Llama:
     torch.manual_seed(4)
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, n_layer=2, n_head=4, n_kv_head=2,

@@ -39,8 +39,11 @@ INLINE bf16 to_bf16(float f) {  // round to nearest even, as c10::BFloat16 does;
 // x clamped at 88 above.
 INLINE float exp_f32(float x0) {
   const float x = x0 < -87.0f ? -87.0f : (x0 > 88.0f ? 88.0f : x0);  // (not fmin/fmax: their NaN rules stop vectorisation)
-  const float t = x * 1.44269504088896341f;
-  const float n = float(int32_t(t + (t < 0.f ? -0.5f : 0.5f)));  // round to nearest (a truncating convert)
+  // n = round(x / ln2) by adding 1.5 * 2^23: the sum's low mantissa bits hold n (|n| <= 128 < 2^22), both as a
+  // float (the sum minus the constant) and as an integer (the bits' difference); no converts, no selects
+  constexpr float kRound = 12582912.0f;
+  const float nr = x * 1.44269504088896341f + kRound;
+  const float n = nr - kRound;
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -49,7 +52,10 @@ INLINE float exp_f32(float x0) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  uint32_t nr_bits, round_bits;
+  std::memcpy(&nr_bits, &nr, 4);
+  std::memcpy(&round_bits, &kRound, 4);
+  const uint32_t bits = (nr_bits - round_bits + 127u) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
   return p * scale * (x0 < -87.0f ? 0.f : 1.f);  // (a select of the result itself would not vectorise)
