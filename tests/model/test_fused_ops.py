@@ -99,6 +99,20 @@ def test_swiglu_passes_nan_through():
     assert torch.isnan(fused_ops.swiglu(gu)[0, 0]) and torch.isfinite(fused_ops.swiglu(gu)[0, 1])
 
 
+@pytest.mark.parametrize("shape", [(3, 37), (2, 7, 576), (1, 1, 1)])
+def test_residual_add_is_the_mixed_dtype_add_and_sends_its_gradients_back_the_same(shape, threads):
+    torch.manual_seed(5)
+    x, y, g = torch.randn(shape) * 30, torch.randn(shape).to(BF16), torch.randn(shape)
+    xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+    ref = xs + ys  # PyTorch: float32 out, y's gradient back in bf16
+    ref.backward(g)
+    xf, yf = x.clone().requires_grad_(), y.clone().requires_grad_()
+    out = fused_ops.residual_add(xf, yf)
+    out.backward(g)
+    assert out.dtype == torch.float32 and torch.equal(out, ref)
+    assert torch.equal(xf.grad, xs.grad) and yf.grad.dtype == BF16 and torch.equal(yf.grad, ys.grad)
+
+
 def test_the_exponential_is_float32_accurate_over_its_whole_range(threads):
     """fused_ops.h's exp_f32, read through the float32 cross-entropy gradient rows, which write exp(l - lse) * scale:
     with lse 0 and scale 1 each entry but the target's is exp(l). Within 2 ulp of float64's exp where the result is

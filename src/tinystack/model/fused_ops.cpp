@@ -13,9 +13,9 @@
 //   rope_split_bwd(dq, dk, dv f32 in that layout, cos, sin) -> dqkv bf16 [B, T, Hq + 2 Hk, D]
 //   swiglu_fwd(gu bf16 [N, 2 I])     -> h = bf16(silu(gate) * up) [N, I]  (gate = gu[:, :I], up = gu[:, I:])
 //   swiglu_bwd(gh bf16 [N, I], gu)   -> dgu bf16 [N, 2 I]
-//   logsumexp_rows(logits bf16|f32 [N, V]) -> lse f32 [N]                  (train/cross_entropy.py's loss)
-//   cross_entropy_grad(logits, targets, lse, scale, inplace) -> (softmax - onehot) * scale per row, in the logits'
-//        dtype (inplace: written over the logits; train/frozen_head.py's chunks)
+//   residual_add(x f32 [.., H], y bf16 [.., H]) -> x + y in float32 (the block's residual stream; PyTorch's
+//        mixed-dtype add first writes a float32 copy of y, then adds)
+// The training loss's rows are in cross_entropy_rows.cpp, causal attention in fused_attention.cpp.
 //
 // Rows are split over torch's intra-op threads (at::parallel_for). Each row loop is compiled for AVX-512,
 // AVX2 and baseline x86-64 (target_clones by feature level; the loader picks one at run time), so one build
@@ -24,6 +24,7 @@
 // minute. The functions are registered as operators, torch.ops.tinystack_train.*.
 #include "fused_ops.h"
 
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 
 namespace tinystack_train {
@@ -223,104 +224,23 @@ at::Tensor swiglu_bwd(at::Tensor gh, at::Tensor gu) {
   return dgu;
 }
 
-// ---- cross-entropy over a large vocabulary (train/cross_entropy.py) -----------------------------------------
-// lse_i = log sum_j exp(l_ij) per row, in float32 from bf16 or float32 logits; the backward writes
-// (exp(l_ij - lse_i) - [j == t_i]) * scale_i in the logits' dtype. One read of a row forward, one read and one
-// write backward, where PyTorch upcast a block of rows, subtracted, exponentiated and scaled in separate passes.
-INLINE float load(const float* p, int64_t j) { return p[j]; }
-INLINE float load(const bf16* p, int64_t j) { return from_bf16(p[j]); }
-INLINE void store(float* p, int64_t j, float v) { p[j] = v; }
-INLINE void store(bf16* p, int64_t j, float v) { p[j] = to_bf16(v); }
-
-template <typename T>
-INLINE void lse_rows(const T* logits, float* lse, int64_t r0, int64_t r1, int64_t V) {
-  for (int64_t i = r0; i < r1; ++i) {
-    const T* l = logits + i * V;
-    float mx[16], acc[16];
-    for (int k = 0; k < 16; ++k) mx[k] = -INFINITY, acc[k] = 0.f;
-    int64_t j = 0;
-    for (; j + 16 <= V; j += 16)
-      for (int k = 0; k < 16; ++k) mx[k] = std::max(mx[k], load(l, j + k));
-    float m = -INFINITY;
-    for (; j < V; ++j) m = std::max(m, load(l, j));
-    for (int k = 0; k < 16; ++k) m = std::max(m, mx[k]);
-    if (m == -INFINITY || m != m) {  // a row of -inf (or with NaN): what logsumexp gives
-      lse[i] = m;
-      continue;
-    }
-    const float s = sum16(V, [&](int64_t jj) { return exp_f32(load(l, jj) - m); });
-    lse[i] = m + std::log(s);
-  }
+// ---- residual add ------------------------------------------------------------------------------------------
+ROWS void residual_rows(const float* x, const bf16* y, float* out, int64_t r0, int64_t r1, int64_t H) {
+  for (int64_t j = r0 * H; j < r1 * H; ++j) out[j] = x[j] + from_bf16(y[j]);
 }
 
-ROWS void lse_rows_bf16(const bf16* l, float* lse, int64_t r0, int64_t r1, int64_t V) { lse_rows(l, lse, r0, r1, V); }
-ROWS void lse_rows_f32(const float* l, float* lse, int64_t r0, int64_t r1, int64_t V) { lse_rows(l, lse, r0, r1, V); }
-
-template <typename T>
-INLINE void ce_grad_rows(const T* logits, const int64_t* target, const float* lse, const float* scale, T* grad,
-                         int64_t r0, int64_t r1, int64_t V) {
-  for (int64_t i = r0; i < r1; ++i) {
-    const T* l = logits + i * V;
-    T* g = grad + i * V;
-    const float sc = scale[i], m = lse[i];
-    if (sc == 0.f) {  // an ignored row
-      for (int64_t j = 0; j < V; ++j) store(g, j, 0.f);
-      continue;
-    }
-    const int64_t t = target[i];
-    const float lt = load(l, t);  // read before the row is written: g may be l itself (inplace)
-    for (int64_t j = 0; j < V; ++j) store(g, j, exp_f32(load(l, j) - m) * sc);
-    store(g, t, (exp_f32(lt - m) - 1.0f) * sc);
-  }
-}
-
-ROWS void ce_grad_rows_bf16(const bf16* l, const int64_t* t, const float* lse, const float* sc, bf16* g, int64_t r0,
-                            int64_t r1, int64_t V) {
-  ce_grad_rows(l, t, lse, sc, g, r0, r1, V);
-}
-ROWS void ce_grad_rows_f32(const float* l, const int64_t* t, const float* lse, const float* sc, float* g, int64_t r0,
-                           int64_t r1, int64_t V) {
-  ce_grad_rows(l, t, lse, sc, g, r0, r1, V);
-}
-
-at::Tensor logsumexp_rows(at::Tensor logits) {
-  TORCH_CHECK(logits.dim() == 2 && (logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kFloat));
-  logits = logits.contiguous();
-  const int64_t N = logits.size(0), V = logits.size(1);
-  auto lse = at::empty({N}, logits.options().dtype(at::kFloat));
-  float* out = lse.data_ptr<float>();
-  if (logits.scalar_type() == at::kBFloat16) {
-    const auto* l = reinterpret_cast<const bf16*>(logits.data_ptr<at::BFloat16>());
-    at::parallel_for(0, N, 1, [&](int64_t r0, int64_t r1) { lse_rows_bf16(l, out, r0, r1, V); });
-  } else {
-    const float* l = logits.data_ptr<float>();
-    at::parallel_for(0, N, 1, [&](int64_t r0, int64_t r1) { lse_rows_f32(l, out, r0, r1, V); });
-  }
-  return lse;
-}
-
-// targets must lie in [0, V) (the caller maps ignored rows to 0 and gives them scale 0)
-// inplace: the gradient overwrites the logits (which must be contiguous), for a caller that needs them no more
-at::Tensor cross_entropy_grad(at::Tensor logits, at::Tensor targets, at::Tensor lse, at::Tensor scale, bool inplace) {
-  TORCH_CHECK(!inplace || logits.is_contiguous(), "cross_entropy_grad: inplace needs contiguous logits");
-  logits = logits.contiguous();
-  targets = targets.to(at::kLong).contiguous();
-  lse = lse.contiguous();
-  scale = scale.to(at::kFloat).contiguous();
-  const int64_t N = logits.size(0), V = logits.size(1);
-  auto grad = inplace ? logits : at::empty({N, V}, logits.options());
-  const int64_t* t = targets.data_ptr<int64_t>();
-  const float *m = lse.data_ptr<float>(), *sc = scale.data_ptr<float>();
-  if (logits.scalar_type() == at::kBFloat16) {
-    const auto* l = reinterpret_cast<const bf16*>(logits.data_ptr<at::BFloat16>());
-    auto* g = reinterpret_cast<bf16*>(grad.data_ptr<at::BFloat16>());
-    at::parallel_for(0, N, 1, [&](int64_t r0, int64_t r1) { ce_grad_rows_bf16(l, t, m, sc, g, r0, r1, V); });
-  } else {
-    const float* l = logits.data_ptr<float>();
-    float* g = grad.data_ptr<float>();
-    at::parallel_for(0, N, 1, [&](int64_t r0, int64_t r1) { ce_grad_rows_f32(l, t, m, sc, g, r0, r1, V); });
-  }
-  return grad;
+at::Tensor residual_add(at::Tensor x, at::Tensor y) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && y.scalar_type() == at::kBFloat16 && x.sizes() == y.sizes(),
+              "residual_add: x float32 and y bf16 of one shape");
+  x = x.contiguous();
+  y = y.contiguous();
+  const int64_t H = x.size(-1), N = x.numel() / std::max<int64_t>(H, 1);
+  auto out = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const auto* yp = reinterpret_cast<const bf16*>(y.data_ptr<at::BFloat16>());
+  float* op = out.mutable_data_ptr<float>();
+  for_rows(N, H, [&](int64_t r0, int64_t r1) { residual_rows(xp, yp, op, r0, r1, H); });
+  return out;
 }
 
 }  // namespace tinystack_train
@@ -331,8 +251,7 @@ TORCH_LIBRARY(tinystack_train, m) {
   m.def("rms_norm_bwd", &rms_norm_bwd);
   m.def("rope_split_fwd", &rope_split_fwd);
   m.def("rope_split_bwd", &rope_split_bwd);
+  m.def("residual_add", &residual_add);
   m.def("swiglu_fwd", &swiglu_fwd);
   m.def("swiglu_bwd", &swiglu_bwd);
-  m.def("logsumexp_rows", &logsumexp_rows);
-  m.def("cross_entropy_grad", &cross_entropy_grad);
 }

@@ -7,6 +7,7 @@
                                    qkv bf16 [B, T, hq + 2 hk, D] -> q, k, v float32 [B, heads, T, D]: q and k
                                    rotated (model/llama.rotary_table's signed sin), in attention's layout
     swiglu(gu)                     gu bf16 [..., 2 I] = [gate | up] -> bf16 silu(gate) * up
+    residual_add(x, y)             x float32 + y bf16 -> float32: the residual stream plus a branch's bf16 output
     extension().logsumexp_rows / cross_entropy_grad   the training loss's rows (train/cross_entropy.py)
 
 Why: under autocast the matmuls are bf16 but each step between them was several PyTorch ops, each a pass
@@ -26,7 +27,7 @@ import torch
 from tinystack import native
 
 _HERE = Path(__file__).parent
-_SOURCES = [_HERE / "fused_ops.cpp", _HERE / "fused_attention.cpp"]
+_SOURCES = [_HERE / "fused_ops.cpp", _HERE / "fused_attention.cpp", _HERE / "cross_entropy_rows.cpp"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,6 +79,22 @@ class _SwiGLU(torch.autograd.Function):
     def backward(ctx, gh):
         (gu,) = ctx.saved_tensors
         return extension().swiglu_bwd(gh, gu)
+
+
+class _ResidualAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        return extension().residual_add(x, y)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g.to(torch.bfloat16)  # (the bf16 branch's matmul would cast it anyway)
+
+
+def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x (float32) + y (bf16) -> float32, what x + y computes, in one pass (PyTorch's mixed add writes a float32
+    copy of y first); the gradient flows to x as it is and to y cast to bf16, as autograd's add would send it."""
+    return _ResidualAdd.apply(x, y)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

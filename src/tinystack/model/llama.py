@@ -162,8 +162,15 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = _residual(x, self.self_attn(self.input_layernorm(x), cos, sin, kv_cache))
+        return _residual(x, self.mlp(self.post_attention_layernorm(x)))
+
+
+def _residual(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y; under bf16 training (a float32 stream, a bf16 branch) in one pass instead of a cast and an add."""
+    if x.dtype == torch.float32 and y.dtype == torch.bfloat16 and x.shape == y.shape and fused_ops.active(x):
+        return fused_ops.residual_add(x, y)
+    return x + y
 
 
 class Llama(nn.Module):
