@@ -3,7 +3,8 @@
     GPTConfig -> GPT (gpt.py)            a GPT-2-architecture language model
     LlamaConfig -> Llama (llama.py)      the Llama family (RMSNorm, RoPE, SwiGLU, GQA; Qwen2 QKV bias)
     attention.py                         causal attention over an optional KV cache, shared by both
-    fused_ops.py (+ fused_ops.cpp)       Llama's norm / rotary / SwiGLU as one C++ pass each way (bf16 training)
+    fused_ops.py (+ fused_ops.cpp)       Llama's norm / rotary / SwiGLU / residual add as one C++ pass each way
+                                         (bf16 training); the loss's rows in cross_entropy_rows.cpp
     fused_attention.py (+ .cpp)          causal attention for bf16 training: bf16 matmuls, C++ softmax passes
     GPT <-> model_dir/ (io.py)           config.json + model.safetensors + tokenizer.json + tinystack.json
     HF Llama-family dir -> Llama (io.py) the same load_model, dispatched on model_type
