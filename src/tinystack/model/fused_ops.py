@@ -38,9 +38,12 @@ def extension():
 
 
 def active(x: torch.Tensor) -> bool:
-    """Whether the fused ops serve this forward: CPU, bf16 autocast on, the extension built."""
+    """Whether the fused ops serve this forward: CPU, bf16 autocast on, the extension built, and not a model being
+    traced by torch.compile (`[train] compile`: the tracer runs ops on fake tensors, which these C++ operators do
+    not take; the compiled model runs the plain PyTorch ops, which the compiler fuses itself)."""
     return (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.bfloat16 and extension() is not None)
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not torch.compiler.is_compiling()
+            and extension() is not None)
 
 
 class _RMSNorm(torch.autograd.Function):
