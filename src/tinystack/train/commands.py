@@ -46,7 +46,7 @@ def finetune(cfg: Config,
              resume: Annotated[bool, typer.Option("--resume", help="Continue from OUT_finetune/checkpoints.")] = False,
              ) -> None:
     """Fine-tune a model on conversations (loss on assistant tokens only); compare it with the base on held-out
-    data. `--lora-rank r` trains rank-r adapters instead of all weights."""
+    data. `--lora r` trains rank-r adapters instead of all weights."""
     from tinystack.train.distributed import shutdown_distributed
     from tinystack.train.finetune import finetune as run_finetune
 
