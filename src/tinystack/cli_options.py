@@ -64,6 +64,8 @@ def _flag(section: str, name: str, typ: Any, comment: str) -> inspect.Parameter:
     if typing.get_origin(typ) is Literal:  # checked by the config (one line naming the choices), not by click
         choices = typing.get_args(typ)
         typ, help_ = str, f"{help_} (one of: {', '.join(repr(c) if c == '' else c for c in choices)})"
+    elif typing.get_origin(typ) is list:
+        help_ = f"{help_} (repeatable)"
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[typ | None, typer.Option(help=escape(help_))])
 

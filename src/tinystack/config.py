@@ -134,7 +134,7 @@ class FinetuneConfig:
     lora: int = 0  # > 0: train rank-r adapters instead of all weights (merged on save)
     lora_alpha: float = 16.0  # adapter scale = lora_alpha / lora
     lora_dropout: float = 0.0
-    lora_targets: list[str] = field(default_factory=lambda: [
+    lora_targets: list[str] = field(default_factory=lambda: [  # linear layers to adapt ("q_proj,v_proj": two)
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "c_attn", "c_proj", "c_fc"])
 
 

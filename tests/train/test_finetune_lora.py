@@ -69,8 +69,16 @@ def test_targets_select_layers_and_the_rest_is_frozen():
     assert trainable == {f"{n}.lora_{ab}" for n in names for ab in "AB"}
     gpt = _model("gpt2")
     assert len(inject_lora(gpt, rank=2, alpha=2)) == 2 * 4  # c_attn, attn.c_proj, c_fc, mlp.c_proj per block
-    with pytest.raises(ValueError, match="no linear layer matches LoRA targets"):
+    with pytest.raises(ValueError, match="no linear layer matches LoRA targets") as e:
         inject_lora(_model("llama"), rank=2, alpha=2, targets=["c_attn"])
+    assert "'q_proj'" in str(e.value) and "'gate_proj'" in str(e.value)  # names a target can use
+    fused = _model("llama")
+    fused.fuse_projections()  # q/k/v and gate/up fused, as the trainer runs them: still targeted by those names
+    with pytest.raises(ValueError) as e:
+        inject_lora(fused, rank=2, alpha=2, targets=["nonsense"])
+    assert "'k_proj'" in str(e.value) and "'up_proj'" in str(e.value) and "qkv_proj" not in str(e.value)
+    comma = _model("llama")  # "q_proj,v_proj" as typed after --lora-targets: two targets
+    assert sorted(inject_lora(comma, rank=2, alpha=2, targets=["q_proj,v_proj"])) == sorted(names)
     with pytest.raises(ValueError, match="rank must be positive"):
         inject_lora(_model("llama"), rank=0, alpha=2)
 

@@ -236,26 +236,31 @@ def _matches(name: str, targets: Sequence[str]) -> bool:
 def inject_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str] = DEFAULT_TARGETS,
                 dropout: float = 0.0) -> list[str]:
     """Freeze every parameter of `model`, then wrap each targeted nn.Linear in a LoRALinear (in place). A fused
-    layer (qkv_proj, ...) is targeted by its original names: one adapter for each of them that is a target.
+    layer (qkv_proj, ...) is targeted by its original names: one adapter for each of them that is a target. A
+    target may name several layers separated by commas ("q_proj,v_proj", as typed on a command line).
 
-    Returns the wrapped module names; raises ValueError when no layer matches `targets`."""
+    Returns the wrapped module names; raises ValueError, naming the layers there are, when no layer matches."""
+    targets = [t.strip() for entry in targets for t in entry.split(",") if t.strip()]
     for p in model.parameters():
         p.requires_grad_(False)
     wrap: dict[str, tuple[list[int], list[bool]] | None] = {}
+    names: set[str] = set()  # what a target can name: each linear layer, a fused one by its original parts
     for name, m in model.named_modules():
         if not isinstance(m, nn.Linear):
             continue
         parent_name, _, child = name.rpartition(".")
         fused = getattr(model.get_submodule(parent_name) if parent_name else model, "fused_parts", {}).get(child)
         if fused is not None:
+            names.update(fused[0])
             adapted = [_matches(n, targets) for n in fused[0]]
             if any(adapted):
                 wrap[name] = (fused[1], adapted)
-        elif _matches(name, targets):
-            wrap[name] = None
+        else:
+            names.add(child or name)
+            if _matches(name, targets):
+                wrap[name] = None
     if not wrap:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"no linear layer matches LoRA targets {list(targets)} (this model has: {linear})")
+        raise ValueError(f"no linear layer matches LoRA targets {targets} (this model has: {sorted(names)})")
     for name, parts in wrap.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
