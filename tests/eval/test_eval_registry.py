@@ -9,11 +9,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tinystack.eval.case_sets import build_cases, calibrate
 from tinystack.eval.commands import models_app
 from tinystack.eval.gate import run_regression
 from tinystack.eval.promotion import NotPromoted, promote_if_better, regression_set, verdict
 from tinystack.eval.registry import ModelRegistry, RegistryError, resolve_model
-from tinystack.eval.regression import build_cases, calibrate, run_cases
+from tinystack.eval.regression import run_cases
 from tinystack.model.io import load_model, save_model
 from tinystack.tokenizer import BPETokenizer
 

@@ -8,10 +8,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tinystack.eval.case_sets import build_cases, build_chat_cases
 from tinystack.eval.commands import app
 from tinystack.eval.gate import run_regression
-from tinystack.eval.regression import Case, build_cases, load_cases, run_case, write_cases
+from tinystack.eval.regression import Case, load_cases, run_case, write_cases
 from tinystack.eval.scoring import target_nats
+from tinystack.infer.chat import ChatFormatter, encode_chat
 from tinystack.model.io import load_model, save_model
 from tinystack.tokenizer import BPETokenizer
 
@@ -113,7 +115,49 @@ def test_case_kinds(toy_model_dir):
     assert not strict["passed"]
 
 
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_a_chat_case_scores_its_target_after_the_prompt_as_the_chat_is_served(toy_model_dir):
+    model, tok = load_model(toy_model_dir), BPETokenizer.load(toy_model_dir)
+    chat = ChatFormatter(TEMPLATE)
+    case = Case(id="c", prompt="the big cat", expect="max_loss", target=" sees the", threshold=1e9, chat=True,
+                system="the dog")
+    got = run_case(model, tok, case, formatter=chat)
+    served = encode_chat(tok, "<system>the dog\n<user>the big cat\n<assistant>")  # what the server would encode
+    nats = target_nats(model, served, tok.encode_ordinary(" sees the"))
+    assert got["score"] == pytest.approx(float(nats.sum()) / len(" sees the"))
+    plain = run_case(model, tok, Case(id="p", prompt="the big cat", expect="max_loss", target=" sees the",
+                                      threshold=1e9))
+    assert plain["score"] != pytest.approx(got["score"])  # the template really went in
+    gen = run_case(model, tok, Case(id="g", prompt="the big cat", expect="regex", target=".", chat=True),
+                   formatter=chat)
+    assert gen["detail"]["completion"]
+    with pytest.raises(ValueError, match="chat case"):
+        run_case(model, tok, case)  # no formatter: refused, not scored as plain text
+
+
+def test_chat_cases_from_conversations_and_their_file_round_trip(toy_model_dir, tmp_path):
+    tok = BPETokenizer.load(toy_model_dir)
+    conversations = [("a", [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                            {"role": "assistant", "content": "the big cat sees the dog"},
+                            {"role": "user", "content": "more"}, {"role": "assistant", "content": "no"}]),
+                     ("b", [{"role": "user", "content": "only a question"}]),  # no answer: no case
+                     ("c", [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"},
+                            {"role": "assistant", "content": "the dog"}])]
+    cases = build_chat_cases(conversations, 10, math.log(300), tok, max_target_tokens=3)
+    assert [(c.id, c.system, c.prompt) for c in cases] == [("heldout-a", "be brief", "hi"), ("heldout-c", None, "q2")]
+    assert all(c.chat and c.expect == "max_loss" for c in cases)
+    assert len(tok.encode_ordinary(cases[0].target)) == 3 and "the big cat sees the dog".startswith(cases[0].target)
+    plain = Case(id="p", prompt="x", expect="contains", target="y")
+    write_cases(tmp_path / "c.jsonl", [*cases, plain])
+    assert load_cases(tmp_path / "c.jsonl") == [*cases, plain]
+    assert '"chat"' not in (tmp_path / "c.jsonl").read_text().splitlines()[-1]  # plain cases stay as they were
+
+
 @pytest.mark.parametrize("bad, error", [(dict(expect="nope"), ValueError), (dict(expect="max_loss"), ValueError),
+                                        (dict(system="s"), ValueError),  # a system message needs chat: true
                                         (dict(expect="regex", target="("), re.error)])  # re.compile's own error
 def test_invalid_cases_are_rejected(bad, error):
     kw = {"id": "x", "prompt": "p", "expect": "contains", "target": "t", **bad}

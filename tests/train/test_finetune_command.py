@@ -136,3 +136,14 @@ def test_regression_gate_on_a_finetuned_llama(tmp_path, data):
     assert gate["summary"]["total"] == 2 and gate["summary"]["regressed"] is False
     loss_rows = [r for r in gate["rows"] if r["id"] == "loss"]
     assert loss_rows[0]["new"] != loss_rows[0]["baseline"]  # both models really ran
+    # the gate on the cases the fine-tune wrote from its held-out conversations, as the chat is served
+    written = tmp_path / "tuned_finetune" / "regression.jsonl"
+    rows = [json.loads(x) for x in written.read_text().splitlines()]
+    held_out = [json.loads(x)["messages"] for x in (tmp_path / "tuned_finetune" / "val.jsonl").read_text().splitlines()]
+    assert rows and all(r["chat"] and r["expect"] == "max_loss" for r in rows)
+    assert {r["prompt"] for r in rows} <= {m[0]["content"] for m in held_out}
+    res = _run(["eval", "regress", "--model", str(out), "--baseline", str(base), "--cases", str(written),
+                "--out", str(tmp_path / "gate2.json"), "--regression-tolerance", "100"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "gate2.json").read_text())["rows"]
+    assert len(rows) == len(held_out) and all(r["new"] != r["baseline"] for r in rows)

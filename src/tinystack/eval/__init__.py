@@ -6,6 +6,7 @@
         -> worst cases, source blame, train<->held-out leakage via the data layer's MinHash
            (attribution.py, neardup.py) -> eval.json (offline.py)
     prompts -> greedy + sampled continuations -> distinct-n, repetition rate (generation.py)
+    held-out documents / conversations, prompts -> cases.jsonl (case_sets.py; chat cases in the model's template)
     cases.jsonl -> NEW vs BASELINE, better/worse table, exit status (regression.py, gate.py)
     eval.json + regression.json + train_log.jsonl -> report.md + report.html (report.py, plots.py)
     labels -> accuracy, per-class precision/recall/F1, confusion matrix (classify.py; any classifier)

@@ -12,8 +12,9 @@ from typing import Any
 
 from tinystack.atomic import read_json
 from tinystack.config import EvalConfig
+from tinystack.eval.case_sets import build_cases
 from tinystack.eval.offline import read_splits, window_metrics
-from tinystack.eval.regression import Case, build_cases, compare, compare_metrics, run_cases
+from tinystack.eval.regression import Case, compare, compare_metrics, run_cases
 
 
 def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
@@ -47,14 +48,14 @@ def run_regression(model_dir: Path, cases: Sequence[Case], baseline_dir: Path | 
     counts passes, and `regressed` is True when any case fails its own threshold.
     """
     model, tok = load_model_dir(model_dir, device)
-    new = run_cases(model, tok, cases, device)
+    new = run_cases(model, tok, cases, device, _formatter(model_dir, tok, cases))
     out: dict[str, Any] = {"model": str(model_dir), "new": new}
     if baseline_dir is None:
         out["summary"] = {"new_passed": new["passed"], "total": new["total"], "new_mean_loss": new["mean_loss"],
                           "regressed": new["passed"] < new["total"], "baseline": None}
         return out
     base_model, base_tok = load_model_dir(baseline_dir, device)
-    base = run_cases(base_model, base_tok, cases, device)
+    base = run_cases(base_model, base_tok, cases, device, _formatter(baseline_dir, base_tok, cases))
     cmp = compare(new, base, cases, tolerance)
     rows, summary = cmp["rows"], {**cmp["summary"], "baseline": str(baseline_dir)}
     if data_dir is not None:
@@ -69,3 +70,12 @@ def run_regression(model_dir: Path, cases: Sequence[Case], baseline_dir: Path | 
         summary["regressed"] = summary["regressed"] or summary["metrics_worse"] > 0
     out.update(baseline=base, rows=rows, summary=summary)
     return out
+
+
+def _formatter(model_dir: Path, tokenizer: Any, cases: Sequence[Case]) -> Any:
+    """The model directory's chat formatter when a case is a chat case (each model renders with its own)."""
+    if not any(c.chat for c in cases):
+        return None
+    from tinystack.infer.chat import chat_formatter
+
+    return chat_formatter(model_dir, tokenizer)

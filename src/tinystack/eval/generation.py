@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from tinystack.model.gpt import GPT
 
 
-def complete(model: GPT, tokenizer: Any, prompts: Sequence[str], params: Any | Sequence[Any], *,
+def complete(model: GPT, tokenizer: Any, prompts: Sequence[str | list[int]], params: Any | Sequence[Any], *,
              device: str = "cpu") -> list[tuple[str, list[int]]]:
     """Continue every prompt in one batch on one engine; `params`: one SamplingParams for all or one per
     prompt. Returns (text, token ids) of each continuation, in the order of the prompts."""

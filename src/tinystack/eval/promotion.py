@@ -8,7 +8,7 @@
     promote_if_better(...)                adds NEW to the registry and makes it current when the verdict
                                           allows; otherwise raises NotPromoted naming the failing cases
 
-A promoted version stores its cases recalibrated to its own scores (`regression.calibrate`):
+A promoted version stores its cases recalibrated to its own scores (`case_sets.calibrate`):
 thresholds are "this model's score + tolerance", so the set is a meaningful gate on its own
 and the next candidate of the name is measured on exactly the same cases.
 """
@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tinystack.eval.case_sets import calibrate, generation_cases
 from tinystack.eval.registry import ModelRegistry, lineage_record
-from tinystack.eval.regression import Case, calibrate, generation_cases, load_cases, write_cases
+from tinystack.eval.regression import Case, load_cases, write_cases
 
 
 class NotPromoted(RuntimeError):

@@ -14,6 +14,10 @@ A case is one JSON line:
     max_loss        nats per UTF-8 byte of `target` after `prompt` <= threshold    that loss
     min_logprob     total log-probability of `target` >= threshold              that loss
 
+With `"chat": true` the prompt is a user's message (after an optional `"system"` one), rendered with the
+model directory's chat template and encoded with its special tokens, as `/v1/chat/completions` serves it: the
+cases a fine-tuned chat model is gated on (`tinystack finetune` writes them from its held-out conversations).
+
 Loss-type cases score as nats per byte of the target (its total negative log-probability over its
 UTF-8 bytes), so `tolerance` (nats/byte) means the same for both, and the score does not depend on
 the tokenizer: a candidate whose tokenizer was retrained on new data is compared with the current
@@ -23,6 +27,7 @@ when it passed on the baseline and fails on the new model, or when its score got
 worse by more than its tolerance; the mean score of the loss-type cases is gated
 the same way. Greedy decoding and fixed prompts make a run deterministic.
 
+Case sets (held-out documents and conversations, generation checks, `calibrate`): eval/case_sets.py.
 `calibrate` turns scores measured on a reference model into thresholds (score plus
 tolerance), so a case file is a meaningful gate on its own, without re-running that model.
 """
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,8 +61,12 @@ class Case:
     threshold: float | None = None  # max_loss / min_logprob / max_repetition only
     max_tokens: int = 32  # generation length for exact / contains / regex
     tolerance: float | None = None  # None: the run's default
+    chat: bool = False  # prompt = a user's message, in the model's chat template
+    system: str | None = None  # chat only: a system message before it
 
     def __post_init__(self) -> None:
+        if self.system is not None and not self.chat:
+            raise ValueError(f"case {self.id}: a system message needs chat: true")
         if self.expect not in KINDS:
             raise ValueError(f"case {self.id}: expect must be one of {KINDS}, got {self.expect!r}")
         if self.expect in THRESHOLD_KINDS and self.threshold is None:
@@ -88,44 +97,24 @@ def load_cases(path: str | Path) -> list[Case]:
 def write_cases(path: str | Path, cases: Sequence[Case]) -> None:
     with atomic_open(path) as f:
         for c in cases:
-            f.write(json.dumps({k: v for k, v in asdict(c).items() if v is not None}, ensure_ascii=False) + "\n")
+            row = {k: v for k, v in asdict(c).items() if v is not None and not (k == "chat" and not v)}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: float, *, prompt_chars: int = 120,
-                target_chars: int = 40, prefix: str = "heldout", tokenizer: Any = None,
-                max_target_tokens: int = 0) -> list[Case]:
-    """max_loss cases from held-out records: the start of a document as prompt, what follows as target.
+def _context(case: Case, tokenizer: Any, formatter: Any) -> list[int]:
+    """The token ids a case's target follows: the chat prompt as served, or end-of-text + the plain prompt."""
+    if not case.chat:
+        return [tokenizer.eos_token_id, *tokenizer.encode_ordinary(case.prompt)]
+    if formatter is None:
+        raise ValueError(f"case {case.id} is a chat case: it needs the model directory's chat template")
+    from tinystack.infer.chat import encode_chat
 
-    Records are taken evenly spaced (deterministic); the cut falls on a space so the
-    target starts a word. `threshold` is the loss a case must beat in nats per token (e.g.
-    ln(vocab), a uniform guess), stored per byte of each target: threshold x its tokens / its
-    bytes (one token a byte without a tokenizer). With a tokenizer, targets are also shortened
-    to `max_target_tokens` tokens so they fit the model's context.
-    """
-    usable = [r for r in records if len(r["text"]) >= 2 * target_chars]
-    if not usable or n_cases <= 0:
-        return []
-    picks = np.unique(np.linspace(0, len(usable) - 1, min(n_cases, len(usable))).round().astype(int))
-    cases = []
-    for i in picks:
-        text = usable[i]["text"]
-        cut = min(prompt_chars, len(text) - target_chars)
-        space = text.rfind(" ", max(1, cut // 2), cut)
-        cut = space if space > 0 else cut
-        target = text[cut:cut + target_chars]
-        while tokenizer is not None and len(target) > 1 and len(tokenizer.encode_ordinary(target)) > max_target_tokens:
-            target = target[:-1]
-        cid = f"{prefix}-{usable[i].get('id', i)}"
-        cid = cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique
-        n_bytes = max(1, len(target.encode("utf-8")))
-        n_tokens = len(tokenizer.encode_ordinary(target)) if tokenizer is not None else n_bytes
-        cases.append(Case(id=cid, prompt=text[:cut], expect="max_loss", target=target,
-                          threshold=round(threshold * n_tokens / n_bytes, 4)))
-    return cases
+    system = [{"role": "system", "content": case.system}] if case.system is not None else []
+    return encode_chat(tokenizer, formatter.render([*system, {"role": "user", "content": case.prompt}]))
 
 
-def _loss_case(model: GPT, tokenizer: Any, case: Case, device: str) -> dict[str, Any]:
-    context = [tokenizer.eos_token_id, *tokenizer.encode_ordinary(case.prompt)]
+def _loss_case(model: GPT, tokenizer: Any, case: Case, device: str, formatter: Any = None) -> dict[str, Any]:
+    context = _context(case, tokenizer, formatter)
     nats = target_nats(model, context, tokenizer.encode_ordinary(case.target), device=device)
     n_bytes = max(1, len(case.target.encode("utf-8")))
     logprob = -float(nats.sum())
@@ -152,58 +141,27 @@ def _generation_case(case: Case, text: str, ids: list[int]) -> dict[str, Any]:
             "detail": {"completion": text}}
 
 
-def run_case(model: GPT, tokenizer: Any, case: Case, device: str = "cpu") -> dict[str, Any]:
+def run_case(model: GPT, tokenizer: Any, case: Case, device: str = "cpu", formatter: Any = None) -> dict[str, Any]:
     """{id, expect, passed, score, detail} for one case on one model."""
-    return run_cases(model, tokenizer, [case], device)["cases"][0]
+    return run_cases(model, tokenizer, [case], device, formatter)["cases"][0]
 
 
-def run_cases(model: GPT, tokenizer: Any, cases: Sequence[Case], device: str = "cpu") -> dict[str, Any]:
-    """Every case on one model: loss cases scored one by one, the generation cases greedily in one batch."""
+def run_cases(model: GPT, tokenizer: Any, cases: Sequence[Case], device: str = "cpu",
+              formatter: Any = None) -> dict[str, Any]:
+    """Every case on one model: loss cases scored one by one, the generation cases greedily in one batch.
+    `formatter`: the model's chat formatter (infer.chat.chat_formatter), needed by chat cases."""
     from tinystack.infer import SamplingParams
 
     gen = [c for c in cases if c.expect not in LOSS_KINDS]
-    texts = complete(model, tokenizer, [c.prompt for c in gen],
+    prompts = [_context(c, tokenizer, formatter) if c.chat else c.prompt for c in gen]
+    texts = complete(model, tokenizer, prompts,
                      [SamplingParams(temperature=0.0, max_tokens=c.max_tokens) for c in gen], device=device)
     out_of = {id(c): out for c, out in zip(gen, texts)}
-    results = [_loss_case(model, tokenizer, c, device) if c.expect in LOSS_KINDS
+    results = [_loss_case(model, tokenizer, c, device, formatter) if c.expect in LOSS_KINDS
                else _generation_case(c, *out_of[id(c)]) for c in cases]
     losses = [r["score"] for r in results if r["expect"] in LOSS_KINDS]
     return {"cases": results, "passed": sum(r["passed"] for r in results), "total": len(results),
             "mean_loss": float(np.mean(losses)) if losses else None}
-
-
-def generation_cases(prompts: Sequence[str], *, max_tokens: int = 32, max_repetition: float = 1.0,
-                     forbidden: Sequence[str] = ("\ufffd",), prefix: str = "gen") -> list[Case]:
-    """Generation cases for each prompt: the greedy continuation's repetition share (at most `max_repetition`;
-    the default bar is none, `calibrate` sets it from a reference model's share) and no `forbidden` string
-    (by default U+FFFD: broken UTF-8). Small models loop under greedy decoding, so "no more looping than the
-    current model" is the bar that means something for them."""
-    cases = []
-    for i, prompt in enumerate(prompts):
-        cases.append(Case(id=f"{prefix}-{i}-repetition", prompt=prompt, expect="max_repetition", target="",
-                          threshold=max_repetition, max_tokens=max_tokens))
-        cases += [Case(id=f"{prefix}-{i}-forbid-{j}", prompt=prompt, expect="not_contains", target=s,
-                       max_tokens=max_tokens) for j, s in enumerate(forbidden)]
-    return cases
-
-
-def calibrate(cases: Sequence[Case], results: dict[str, Any], tolerance: float,
-              repetition_margin: float = 0.1) -> list[Case]:
-    """Cases whose thresholds come from a reference model's `results` (run_cases): a loss case's bar becomes
-    that model's loss + `tolerance` (min_logprob: its log-probability - tolerance x bytes), a repetition
-    case's its share + `repetition_margin` (capped at its current bar); pass/fail cases stay as they are."""
-    by_id = {r["id"]: r for r in results["cases"]}
-    out = []
-    for c in cases:
-        r = by_id[c.id]
-        if c.expect == "max_loss":
-            c = replace(c, threshold=round(r["score"] + tolerance, 4))
-        elif c.expect == "min_logprob":
-            c = replace(c, threshold=round(r["detail"]["logprob"] - tolerance * r["detail"]["target_bytes"], 4))
-        elif c.expect == "max_repetition":
-            c = replace(c, threshold=round(min(c.threshold, r["score"] + repetition_margin), 4))
-        out.append(c)
-    return out
 
 
 def compare(new: dict[str, Any], baseline: dict[str, Any], cases: Sequence[Case],

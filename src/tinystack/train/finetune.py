@@ -16,7 +16,8 @@
                                                 fine-tuned, printed and written to report.json
 
 Beside OUT, in OUT_finetune/: train.jsonl and val.jsonl (the prepared conversations),
-rejected.jsonl, log.jsonl (+ loss.png), checkpoints/, report.json.
+rejected.jsonl, log.jsonl (+ loss.png), checkpoints/, report.json, and regression.jsonl: chat cases from the
+held-out conversations for `tinystack eval regress --model OUT --baseline BASE --cases ...`.
 """
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     """Fine-tune `base_dir` on `data_path`, write the model directory `out_dir`; returns the report."""
     from tinystack.data.io.records import write_jsonl
     from tinystack.data.io.rejects import Rejects
+    from tinystack.eval.regression import write_cases
     from tinystack.infer.chat import chat_formatter
     from tinystack.model.io import read_lineage
     from tinystack.pipeline import console, file_sha256
@@ -156,6 +158,9 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
                                                       "train": dataclasses.asdict(tcfg)}}
     save_model_dir(model, TokenizerFiles(base_dir, tok.eos_token_id), out_dir, lineage)
     write_json(work / "report.json", report)
+    cases = heldout_cases(prep.val, tok, cfg.eval.regression_cases, max_len)
+    if cases:
+        write_cases(work / "regression.jsonl", cases)
     if tcfg.plot:
         from tinystack.train.plot import plot_loss_curve
 
@@ -169,7 +174,24 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
                       f"({h['delta']:+.3f})")
     else:
         console.print("held-out: none (every source went to train; more sources or finetune.val_fraction)")
+    if cases:
+        console.print(f"regression set: {len(cases)} held-out chat cases -> {work / 'regression.jsonl'} (gate: "
+                      f"tinystack eval regress --model {out_dir} --baseline {base_dir} --cases "
+                      f"{work / 'regression.jsonl'})")
     return report
+
+
+def heldout_cases(records: list[Any], tokenizer: Any, n_cases: int, max_len: int) -> list[Any]:
+    """The regression gate's cases from the held-out conversations: each one's first answer after its user
+    message, scored as the chat is served (eval.case_sets.build_chat_cases; the bar: a uniform guess)."""
+    import math
+
+    from tinystack.eval.case_sets import build_chat_cases
+
+    conversations = [(str(r.id if r.id is not None else (r.origin[1] if r.origin else i)), r.extra["messages"])
+                     for i, r in enumerate(records)]
+    return build_chat_cases(conversations, n_cases, math.log(tokenizer.vocab_size), tokenizer,
+                            max_target_tokens=max(1, max_len // 2))
 
 
 def heldout_comparison(model: torch.nn.Module, base_dir: Path, val_batches: Any, dtype: str, device: str,
