@@ -67,7 +67,7 @@ def build_chat_cases(conversations: Sequence[tuple[str, list[dict[str, str]]]], 
     for i in picks:
         cid, system, prompt, target = usable[i]
         ids = tokenizer.encode_ordinary(target)[:max_target_tokens]
-        target = tokenizer.decode(ids)
+        target = tokenizer.decode(ids).rstrip("\ufffd")  # a cut inside a character leaves half of it
         if not target.strip():
             continue
         n_bytes = len(target.encode("utf-8"))
