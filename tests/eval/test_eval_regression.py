@@ -148,6 +148,8 @@ def test_chat_cases_from_conversations_and_their_file_round_trip(toy_model_dir, 
                             {"role": "assistant", "content": "the dog"}])]
     cases = build_chat_cases(conversations, 10, math.log(300), tok, max_target_tokens=3)
     assert [(c.id, c.system, c.prompt) for c in cases] == [("heldout-a", "be brief", "hi"), ("heldout-c", None, "q2")]
+    twice = build_chat_cases([conversations[0], conversations[0]], 10, math.log(300), tok, max_target_tokens=3)
+    assert len({c.id for c in twice}) == 2  # one id, two conversations: the file still loads
     assert all(c.chat and c.expect == "max_loss" for c in cases)
     assert len(tok.encode_ordinary(cases[0].target)) == 3 and "the big cat sees the dog".startswith(cases[0].target)
     plain = Case(id="p", prompt="x", expect="contains", target="y")

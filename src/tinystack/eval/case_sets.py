@@ -71,7 +71,9 @@ def build_chat_cases(conversations: Sequence[tuple[str, list[dict[str, str]]]], 
         if not target.strip():
             continue
         n_bytes = len(target.encode("utf-8"))
-        cases.append(Case(id=f"{prefix}-{cid}", prompt=prompt, expect="max_loss", target=target, chat=True,
+        cid = f"{prefix}-{cid}"
+        cid = cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique
+        cases.append(Case(id=cid, prompt=prompt, expect="max_loss", target=target, chat=True,
                           system=system, threshold=round(threshold * len(ids) / n_bytes, 4)))
     return cases
 

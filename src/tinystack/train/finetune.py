@@ -161,6 +161,8 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     cases = heldout_cases(prep.val, tok, cfg.eval.regression_cases, max_len)
     if cases:
         write_cases(work / "regression.jsonl", cases)
+    else:  # no held-out conversation: no set (not an earlier run's)
+        (work / "regression.jsonl").unlink(missing_ok=True)
     if tcfg.plot:
         from tinystack.train.plot import plot_loss_curve
 
