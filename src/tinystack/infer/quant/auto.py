@@ -9,8 +9,8 @@ For each candidate the model is copied and quantised (linear.quantize_model), th
            against float32's, computed with decode's arithmetic (kernels.decode_arithmetic: int8
            activations, not prefill's float GEMM), and top-1 agreement: the share of positions where
            the candidate's most likely next token is float32's (teacher-forced greedy agreement)
-The fastest candidate whose perplexity is within PPL_BOUNDS of float32's wins (float32 itself
-always qualifies). No format is preferred by a rule: the choice follows from the measurements,
+The fastest candidate whose perplexity is within PPL_BOUNDS of float32's, above or below, wins (float32
+itself always qualifies). No format is preferred by a rule: the choice follows from the measurements,
 so a machine with other caches, bandwidth or instructions may choose differently. Timings taken while
 other programs load the machine are noisy; delete the cache file, or name `dtype`/`quantize`
 explicitly, to override a decision.
@@ -42,12 +42,12 @@ from tinystack.infer.quant.formats import FORMATS
 from tinystack.infer.quant.linear import QuantLinear, quantize_model
 
 CANDIDATES = ("fp32",) + FORMATS
-PPL_BOUNDS = {"fp32": 0.0, "bf16": 0.01, "q8_0": 0.01, "q4_0": 0.05, "q4_1": 0.05}  # relative perplexity increase
+PPL_BOUNDS = {"fp32": 0.0, "bf16": 0.01, "q8_0": 0.01, "q4_0": 0.05, "q4_1": 0.05}  # relative perplexity change
 MAX_TOKENS = 256
 REPEATS = 7
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinystack"
 _CACHE_FILE = "weight_formats.json"
-_VERSION = 2  # bump when the measurement changes meaning: old decisions are then re-measured
+_VERSION = 3  # bump when the measurement changes meaning: old decisions are then re-measured
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 
 
@@ -149,8 +149,11 @@ def calibration_ids(tokenizer, max_len: int) -> torch.Tensor:
 
 
 def pick(ms: dict[str, float], ppl: dict[str, float]) -> str:
-    """The fastest format whose perplexity is within its bound of float32's (float32 always is)."""
-    ok = [f for f in ms if f in ppl and ppl[f] <= ppl["fp32"] * (1 + PPL_BOUNDS[f])]
+    """The fastest format whose perplexity is within its bound of float32's, either way (float32 always is).
+    Lower counts too: a quantised model far *better* on the calibration text than its float32 self is another
+    model (e.g. a fine-tune of a model born quantised, rounded back toward its base's grid: it answers as the
+    base did, the fine-tuned facts gone)."""
+    ok = [f for f in ms if f in ppl and abs(ppl[f] / ppl["fp32"] - 1) <= PPL_BOUNDS[f]]
     return min(ok, key=ms.__getitem__)
 
 
