@@ -15,6 +15,17 @@ import numpy as np
 from tinystack.eval.regression import Case
 
 
+def _evenly(n_items: int, n_cases: int) -> list[int]:
+    """Indices of up to n_cases of n_items, evenly spaced (deterministic)."""
+    if n_items <= 0 or n_cases <= 0:
+        return []
+    return [int(i) for i in np.unique(np.linspace(0, n_items - 1, min(n_cases, n_items)).round().astype(int))]
+
+
+def _unique_id(cid: str, cases: Sequence[Case], i: int) -> str:
+    return cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique (load_cases checks)
+
+
 def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: float, *, prompt_chars: int = 120,
                 target_chars: int = 40, prefix: str = "heldout", tokenizer: Any = None,
                 max_target_tokens: int = 0) -> list[Case]:
@@ -27,11 +38,8 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
     to `max_target_tokens` tokens so they fit the model's context.
     """
     usable = [r for r in records if len(r["text"]) >= 2 * target_chars]
-    if not usable or n_cases <= 0:
-        return []
-    picks = np.unique(np.linspace(0, len(usable) - 1, min(n_cases, len(usable))).round().astype(int))
-    cases = []
-    for i in picks:
+    cases: list[Case] = []
+    for i in _evenly(len(usable), n_cases):
         text = usable[i]["text"]
         cut = min(prompt_chars, len(text) - target_chars)
         space = text.rfind(" ", max(1, cut // 2), cut)
@@ -39,8 +47,7 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
         target = text[cut:cut + target_chars]
         while tokenizer is not None and len(target) > 1 and len(tokenizer.encode_ordinary(target)) > max_target_tokens:
             target = target[:-1]
-        cid = f"{prefix}-{usable[i].get('id', i)}"
-        cid = cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique
+        cid = _unique_id(f"{prefix}-{usable[i].get('id', i)}", cases, i)
         n_bytes = max(1, len(target.encode("utf-8")))
         n_tokens = len(tokenizer.encode_ordinary(target)) if tokenizer is not None else n_bytes
         cases.append(Case(id=cid, prompt=text[:cut], expect="max_loss", target=target,
@@ -61,20 +68,17 @@ def build_chat_cases(conversations: Sequence[tuple[str, list[dict[str, str]]]], 
         if first is not None and users and messages[first]["content"].strip():
             system = messages[0]["content"] if messages[0]["role"] == "system" else None
             usable.append((cid, system, users[-1]["content"], messages[first]["content"]))
-    picks = np.unique(np.linspace(0, len(usable) - 1, min(n_cases, len(usable))).round().astype(int)) \
-        if usable and n_cases > 0 else []
     cases: list[Case] = []
-    for i in picks:
+    for i in _evenly(len(usable), n_cases):
         cid, system, prompt, target = usable[i]
         ids = tokenizer.encode_ordinary(target)[:max_target_tokens]
         target = tokenizer.decode(ids).rstrip("\ufffd")  # a cut inside a character leaves half of it
         if not target.strip():
             continue
         n_bytes = len(target.encode("utf-8"))
-        cid = f"{prefix}-{cid}"
-        cid = cid if all(c.id != cid for c in cases) else f"{cid}-{i}"  # ids must stay unique
-        cases.append(Case(id=cid, prompt=prompt, expect="max_loss", target=target, chat=True,
-                          system=system, threshold=round(threshold * len(ids) / n_bytes, 4)))
+        cases.append(Case(id=_unique_id(f"{prefix}-{cid}", cases, i), prompt=prompt, expect="max_loss",
+                          target=target, chat=True, system=system,
+                          threshold=round(threshold * len(ids) / n_bytes, 4)))
     return cases
 
 
