@@ -3,7 +3,8 @@
 `write_gguf` takes a random `transformers` Llama/Qwen2 model and a small byte-level BPE
 (trained here with `tokenizers`), permutes Llama's Q/K rows exactly as convert_hf_to_gguf.py
 does, quantises 2-D weights with `gguf.quants.quantize` (1-D norms stay F32, as llama.cpp
-keeps them) and writes the file with `gguf.GGUFWriter`. `meta` / `drop` / `extra` bend the file
+keeps them; a type `gguf` cannot quantise, the K- and IQ-quants, gets `random_blocks` in their
+place: any bytes are a valid block) and writes the file with `gguf.GGUFWriter`. `meta` / `drop` / `extra` bend the file
 for the error tests.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+QUANTISABLE = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # gguf.quants.quantize exists
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = "<think>"
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -42,11 +44,28 @@ def tiny_bpe(vocab_size: int = 420) -> tuple[list[str], list[str], list[int]]:
     return tokens, merges, types
 
 
-def hf_model(kind: str, vocab_size: int, tie: bool = True, seed: int = 0):
+# byte offsets of the float16 fields (scales, mins) in each block type's block: kept finite in random blocks
+F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+
+
+def random_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator, scale: float = 2.0) -> np.ndarray:
+    """[rows, bytes] of random `qtype` blocks for a [rows, cols] tensor, each float16 field in [-scale, scale]."""
+    import gguf
+
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    raw = rng.integers(0, 256, size=(rows, cols // block * nbytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, nbytes)
+    for off in F16_FIELDS[qtype]:
+        blocks[:, off:off + 2] = rng.uniform(-scale, scale, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return raw
+
+
+def hf_model(kind: str, vocab_size: int, tie: bool = True, seed: int = 0, hidden: int = 64, ffn: int = 96):
     import transformers
 
     torch.manual_seed(seed)
-    kw = {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    kw = {"vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": 2,
           "num_attention_heads": 4,
               "num_key_value_heads": 2, "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 5000.0,
               "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2}
@@ -110,7 +129,7 @@ def write_gguf(path: Path, model, arch: str = "llama", qtype: str = "F32", pre: 
     for key, value in (meta or {}).items():  # overrides: a str / int / float / bool value
         w.kv_data[0].pop(key, None)
         {str: w.add_string, bool: w.add_bool, int: w.add_uint32, float: w.add_float32}[type(value)](key, value)
-    qt = gguf.GGMLQuantizationType[qtype]
+    qt, rng = gguf.GGMLQuantizationType[qtype], np.random.default_rng(0)
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
@@ -124,8 +143,12 @@ def write_gguf(path: Path, model, arch: str = "llama", qtype: str = "F32", pre: 
             continue
         if a.ndim == 1 or qtype == "F32":
             w.add_tensor(gname, np.ascontiguousarray(a, dtype=np.float32))
-        else:
+        elif qtype in QUANTISABLE:
             q = gguf.quants.quantize(a, qt)
+            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qt)
+        else:  # random weights in that format, scaled to |w| <= ~0.1 (as trained weights are)
+            big = np.abs(gguf.quants.dequantize(random_blocks(*a.shape, qtype, rng), qt)).max()
+            q = random_blocks(*a.shape, qtype, rng, scale=0.1 / big)
             w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qt)
     for gname, (raw, raw_type) in (extra or {}).items():
         w.add_tensor(gname, raw, raw_shape=raw.shape, raw_dtype=raw_type)

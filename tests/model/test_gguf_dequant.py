@@ -1,16 +1,13 @@
 """Hand-built GGUF dequantisation is bit-identical to llama.cpp's Python reference (`gguf.quants.dequantize`)."""
 import numpy as np
 import pytest
+from gguf_helpers import F16_FIELDS, QUANTISABLE, random_blocks
 
 from tinystack.model.gguf_dequant import SUPPORTED_TYPES, UnsupportedQuantError, dequantize
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
-QUANTISABLE = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # gguf.quants.quantize exists
-BLOCKED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-# byte offsets of the float16 fields (scales, mins) in each block: kept finite in random blocks
-F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2],
-              "Q6_K": [208]}
+BLOCKED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
@@ -42,12 +39,8 @@ def test_quantised_weights_dequantise_bit_equal(name, shape):
 @pytest.mark.parametrize("name", BLOCKED)
 def test_random_blocks_dequantise_bit_equal(name):
     """Any bytes are a valid block (K-quants have no Python quantiser): random ones, finite scales."""
-    block, nbytes = gguf.GGML_QUANT_SIZES[T[name]]
-    rng = np.random.default_rng(7)
-    raw = rng.integers(0, 256, size=(5, 3 * nbytes), dtype=np.uint8)  # 5 rows of 3 blocks
-    blocks = raw.reshape(-1, nbytes)
-    for off in F16_FIELDS[name]:
-        blocks[:, off:off + 2] = rng.uniform(-2, 2, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    block = gguf.GGML_QUANT_SIZES[T[name]][0]
+    raw = random_blocks(5, 3 * block, name, np.random.default_rng(7))  # 5 rows of 3 blocks
     _same_bits(dequantize(raw, T[name], (5, 3 * block)), gguf.quants.dequantize(raw, T[name]))
 
 
@@ -60,7 +53,7 @@ def test_every_16_bit_pattern(name):
 
 
 def test_every_supported_type_is_covered_here():
-    assert set(SUPPORTED_TYPES) == set(QUANTISABLE) | set(BLOCKED)
+    assert set(SUPPORTED_TYPES) == set(QUANTISABLE) | set(BLOCKED) and set(F16_FIELDS) == set(BLOCKED)
 
 
 def test_unsupported_type_and_wrong_size_are_named():

@@ -50,6 +50,22 @@ def test_logits_equal_transformers_loading_the_gguf(tmp_path, bpe, kind, qtype, 
         assert torch.allclose(a, _logits(hf, ids), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+def test_k_and_iq_quant_files_import_as_transformers_loads_them(tmp_path, bpe, qtype):
+    """The block formats of llama.cpp's K-quant mixes and IQ4, through the whole import (rows of 256: a wider model;
+    random blocks, as gguf cannot quantise to these)."""
+    hf = hf_model("llama", len(bpe[0]), hidden=256, ffn=512)
+    import_model(write_gguf(tmp_path / "m.gguf", hf, qtype=qtype, tokenizer=bpe), tmp_path / "out")
+    ours = load_model(tmp_path / "out")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32).eval()
+    theirs = ref.state_dict()
+    assert all(torch.equal(w, theirs[k]) for k, w in ours.state_dict().items() if k in theirs)
+    ids = torch.randint(0, len(bpe[0]), (2, 24), generator=torch.Generator().manual_seed(1))
+    a = _logits(ours, ids)
+    assert a.std() > 1e-2  # the random weights are not all zero
+    torch.testing.assert_close(a, _logits(ref, ids), atol=1e-5, rtol=0)
+
+
 def test_unpermute_inverts_the_converters_permutation():
     rng = np.random.default_rng(0)
     for n_head, n_kv in ((4, 4), (8, 2), (9, 3)):
@@ -135,7 +151,7 @@ def _bad(tmp_path, bpe, **kw):
     return write_gguf(tmp_path / "bad.gguf", hf_model("llama", len(bpe[0])), **{"tokenizer": bpe, **kw})
 
 
-Q2K = gguf.GGMLQuantizationType.Q2_K
+IQ2XXS = gguf.GGMLQuantizationType.IQ2_XXS
 CASES = {
     "architecture": ({"meta": {"general.architecture": "gemma2"}}, "unsupported GGUF architecture 'gemma2'"),
     "sentencepiece": ({"meta": {"tokenizer.ggml.model": "llama"}}, "unsupported GGUF tokenizer model 'llama'"),
@@ -146,8 +162,8 @@ CASES = {
     "moe": ({"meta": {"llama.expert_count": 8}}, "unsupported: mixture of experts"),
     "rope_freqs": ({"extra": {"rope_freqs.weight": (np.ones(8, np.float32), None)}}, "rope_freqs"),
     "quant type": ({"drop": ("blk.0.ffn_up.weight",),
-                    "extra": {"blk.0.ffn_up.weight": (np.zeros((96, 84), np.uint8), Q2K)}},
-                   r"unsupported GGUF tensor type Q2_K \(supported: F32, F16, BF16, Q8_0"),
+                    "extra": {"blk.0.ffn_up.weight": (np.zeros((96, 66), np.uint8), IQ2XXS)}},
+                   r"unsupported GGUF tensor type IQ2_XXS \(supported: F32, F16, BF16, Q8_0"),
     "unknown tensor": ({"extra": {"blk.0.attn_q_norm.weight": (np.ones(16, np.float32), None)}},
                        r"unsupported tensors \['blk.0.attn_q_norm.weight'\]"),
     "missing tensor": ({"drop": ("blk.1.ffn_down.weight",)},

@@ -18,13 +18,22 @@ little-endian. The layouts (ggml-common.h), bytes per block, and the value they 
                                                               x = (d * sc_j) * q - (dmin * m_j)
     Q5_K  176 B / 256: d:f16 | dmin:f16 | scales[12] | qh[32] | qs[128]   (as Q4_K, 5-bit q)
     Q6_K  210 B / 256: ql[128] | qh[64] | scales[16]:i8 | d:f16            x = (d * sc_j) * (q - 32)
+    Q2_K  84 B / 256 (16 sub-blocks of 16): scales[16] (scale: low nibble, min: high) | qs[64] | d:f16 | dmin:f16
+                                                              x = (d * sc_j) * q - (dmin * m_j)
+    Q3_K  110 B / 256 (16 of 16): hmask[32] | qs[64] | scales[12] (16 six-bit) | d:f16
+                                                              x = (d * (sc_j - 32)) * (q - 4), q 3-bit
+    IQ4_NL 18 B / 32:  d:f16 | qs[16]                         x = d * T[q], T a fixed non-linear 16-entry grid
+    IQ4_XS 136 B / 256 (8 of 32): d:f16 | scales_h:u16 | scales_l[4] | qs[128]
+                                                              x = (d * (sc_j - 32)) * T[q]
 
 4-bit values are packed two to a byte: in a 32-value block, byte i holds value i in its low
 nibble and value i + 16 in its high nibble (K-quants: each 32-byte run holds two sub-blocks,
-low nibbles then high nibbles). The fifth bit of Q5 values is bit i of `qh` for value i.
+low nibbles then high nibbles). The fifth bit of Q5 values is bit i of `qh` for value i. 2-bit
+values (Q2_K, Q3_K's low bits) are packed four to a byte: in each half of 128 values, byte l of its
+32 holds values l, 32 + l, 64 + l, 96 + l in bits 0-1, 2-3, 4-5, 6-7.
 The arithmetic is done in float32 in the order ggml's reference code does it, so the result
 is bit-identical to `gguf.quants.dequantize` (tests/model/test_gguf_dequant.py). Any other
-type (IQ*, Q2_K, Q3_K, TQ*, ...) raises ModelFormatError naming it.
+type (IQ1-3*, TQ*, ...) raises ModelFormatError naming it.
 """
 from __future__ import annotations
 
@@ -129,12 +138,61 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
     return ((d * sc)[..., None] * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
 
 
+def _crumbs(qs: np.ndarray) -> np.ndarray:
+    """[n, 64] bytes -> [n, 256] 2-bit values: per half of 32 bytes, bits 0-1 of each byte, then 2-3, 4-5, 6-7."""
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+    return ((qs.reshape(-1, 2, 1, 32) >> shifts) & 3).reshape(-1, QK_K)
+
+
+def _q2_k(b: np.ndarray) -> np.ndarray:
+    n, s = len(b), b[:, :16]
+    d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    scale, offset = (d * (s & 0x0F).astype(np.float32))[..., None], (dmin * (s >> 4).astype(np.float32))[..., None]
+    return (scale * _crumbs(b[:, 16:80]).reshape(n, 16, 16).astype(np.float32) - offset).reshape(n, QK_K)
+
+
+def _q3_k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 scale bytes -> [n, 16] scales in -32..31. Scale k's low 4 bits: byte k % 8, low nibble for
+    k < 8, high nibble after; its top 2 bits: byte 8 + k % 4, bits 2 (k // 4) and 2 (k // 4) + 1."""
+    low = np.concatenate([s[:, :8] & 0x0F, s[:, :8] >> 4], axis=-1)
+    top = (s[:, None, 8:12] >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3  # [n, k // 4, k % 4]
+    return (low | (top.reshape(-1, 16) << 4)).astype(np.int8) - 32
+
+
+def _q3_k(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    # the third bit of value 32 m + l (m < 8) is bit m of hmask byte l; a clear bit means q - 4
+    high = (b[:, None, :32] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [n, 8, 32]
+    q = _crumbs(b[:, 32:96]).astype(np.int8) - (4 * (1 - high)).reshape(n, QK_K).astype(np.int8)
+    scale = (_f16(b[:, 108:110]) * _q3_k_scales(b[:, 96:108]).astype(np.float32))[..., None]
+    return (scale * q.reshape(n, 16, 16).astype(np.float32)).reshape(n, QK_K)
+
+
+# IQ4's grid: 16 levels spaced more finely near zero, where most weights are (ggml's kvalues_iq4nl)
+_IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+
+def _iq4_nl(b: np.ndarray) -> np.ndarray:
+    return _f16(b[:, :2]) * _IQ4_GRID[_nibbles(b[:, 2:])]
+
+
+def _iq4_xs(b: np.ndarray) -> np.ndarray:
+    # sub-block j's 6-bit scale: nibble j % 2 of scales_l[j // 2] | bits 2j, 2j + 1 of scales_h, minus 32
+    n, high = len(b), np.ascontiguousarray(b[:, 2:4]).view("<u2")  # [n, 1]
+    low = np.stack([b[:, 4:8] & 0x0F, b[:, 4:8] >> 4], axis=-1).reshape(n, 8)
+    top = ((high >> np.arange(0, 16, 2, dtype=np.uint16)) & 3).astype(np.uint8)
+    scale = (_f16(b[:, :2]) * ((low | (top << 4)).astype(np.int8) - 32).astype(np.float32))[..., None]
+    return (scale * _IQ4_GRID[_nibbles(b[:, 8:].reshape(n, 8, 16))]).reshape(n, QK_K)
+
+
 # ggml type id -> (name, values per block, bytes per block, block dequantiser or None for plain floats)
 _TYPES: dict[int, tuple[str, int, int, Callable[[np.ndarray], np.ndarray] | None]] = {
     0: ("F32", 1, 4, None), 1: ("F16", 1, 2, None), 30: ("BF16", 1, 2, None),
     8: ("Q8_0", 32, 34, _q8_0), 2: ("Q4_0", 32, 18, _q4_0), 3: ("Q4_1", 32, 20, _q4_1),
     6: ("Q5_0", 32, 22, _q5_0), 7: ("Q5_1", 32, 24, _q5_1),
+    10: ("Q2_K", QK_K, 84, _q2_k), 11: ("Q3_K", QK_K, 110, _q3_k),
     12: ("Q4_K", QK_K, 144, _q4_k), 13: ("Q5_K", QK_K, 176, _q5_k), 14: ("Q6_K", QK_K, 210, _q6_k),
+    20: ("IQ4_NL", 32, 18, _iq4_nl), 23: ("IQ4_XS", QK_K, 136, _iq4_xs),
 }
 SUPPORTED_TYPES = tuple(name for name, *_ in _TYPES.values())
 
