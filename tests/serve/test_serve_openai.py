@@ -94,6 +94,18 @@ def test_chat_logprobs_and_extras(client):
     assert all(len(t.top_logprobs) == 3 for t in content)
 
 
+def test_response_format_text_is_the_default_and_json_is_refused(client):
+    msgs = [{"role": "user", "content": "x"}]
+    plain = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0)
+    text = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0,
+                                          response_format={"type": "text"})
+    assert text.choices[0].message.content == plain.choices[0].message.content
+    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}):
+        with pytest.raises(openai.BadRequestError) as e:  # a JSON mode the output would not honour: never ignored
+            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, response_format=fmt)
+        assert e.value.status_code == 400 and e.value.body["param"].startswith("response_format")
+
+
 def test_errors_have_the_openai_shape_and_numbers(client, served):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=60)

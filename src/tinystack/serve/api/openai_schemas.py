@@ -64,6 +64,14 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(None, ge=0, le=5, description="Logprobs of the chosen and the top-k tokens.")
 
 
+class ResponseFormat(BaseModel):
+    """Only plain text, OpenAI's default (clients send it explicitly); `json_object` / `json_schema` would need
+    constrained decoding, which this server does not do: refused, not silently ignored."""
+
+    model_config = STRICT
+    type: Literal["text"]
+
+
 class TextPart(BaseModel):
     model_config = STRICT
     type: Literal["text"]
@@ -99,3 +107,4 @@ class ChatCompletionRequest(_Sampling):
                                                                       "give one of the two, not both.")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Needs logprobs: true.")
+    response_format: ResponseFormat | None = None
