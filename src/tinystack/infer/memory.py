@@ -50,7 +50,8 @@ class MemoryBudget:
         return (f"memory budget: limit {mib(self.memory_limit)} x (1 - {self.buffer:g} buffer) - weights "
                 f"{mib(self.weight_bytes)} - overhead {mib(self.overhead)} -> {self.num_blocks} KV blocks of "
                 f"{self.block_size} tokens ({mib(self.bytes_per_block)} each, {mib(self.kv_bytes)} in all); "
-                f"{self.max_concurrent_full_len} concurrent sequences at max_seq_len={self.max_seq_len}")
+                f"{self.max_concurrent_full_len} concurrent sequence{'s' * (self.max_concurrent_full_len != 1)} "
+                f"at max_seq_len={self.max_seq_len}")
 
     def to_dict(self) -> dict:
         return asdict(self)
