@@ -145,9 +145,14 @@ def test_chat_cases_from_conversations_and_their_file_round_trip(toy_model_dir, 
                             {"role": "user", "content": "more"}, {"role": "assistant", "content": "no"}]),
                      ("b", [{"role": "user", "content": "only a question"}]),  # no answer: no case
                      ("c", [{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"},
-                            {"role": "assistant", "content": "the dog"}])]
+                            {"role": "assistant", "content": "the dog"}]),
+                     ("d", [{"role": "user", "content": "q3"},  # a weight-0 turn is context: the next one is the case
+                            {"role": "assistant", "content": "wrong", "weight": 0}, {"role": "user", "content": "q4"},
+                            {"role": "assistant", "content": "the cat"}])]
     cases = build_chat_cases(conversations, 10, math.log(300), tok, max_target_tokens=3)
-    assert [(c.id, c.system, c.prompt) for c in cases] == [("heldout-a", "be brief", "hi"), ("heldout-c", None, "q2")]
+    assert [(c.id, c.system, c.prompt) for c in cases] == [("heldout-a", "be brief", "hi"), ("heldout-c", None, "q2"),
+                                                           ("heldout-d", None, "q4")]
+    assert cases[2].target.startswith("the c") and "the cat".startswith(cases[2].target)
     twice = build_chat_cases([conversations[0], conversations[0]], 10, math.log(300), tok, max_target_tokens=3)
     assert len({c.id for c in twice}) == 2  # one id, two conversations: the file still loads
     assert all(c.chat and c.expect == "max_loss" for c in cases)

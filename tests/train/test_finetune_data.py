@@ -170,3 +170,33 @@ def test_batches_cover_every_conversation_each_epoch_and_resume(llama_dir):
     again.load_state_dict(state)
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
                for a, b in zip(ahead, (again.sample(3) for _ in range(4))))
+
+
+def test_openai_fine_tuning_files_content_parts_and_weights(llama_dir):
+    """OpenAI's fine-tuning format: text parts are the text; an assistant turn with weight 0 is context only."""
+    tok, fmt = _tools(llama_dir)
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is "},
+                                                       {"type": "text", "text": "the capital?"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "quenmar"}]}]}
+    assert conversation_messages(parts) == conversation_messages(qa("what is the capital?", "quenmar", "x"))
+    msgs = [{"role": "user", "content": "what is the capital of veloria?"},
+            {"role": "assistant", "content": "i do not know", "weight": 0},
+            {"role": "user", "content": "try again"},
+            {"role": "assistant", "content": "the capital is quenmar", "weight": 1}]
+    kept = conversation_messages({"messages": msgs})
+    assert "weight" in kept[1] and "weight" not in kept[3]
+    ex = encode_conversation(kept, fmt, tok, max_len=200)
+    assert _decode_targets(tok, ex) == ["the capital is quenmar<|im_end|>\n"]  # the weight-0 answer is no target
+    assert "i do not know" in tok._tok.decode(ex.ids.tolist(), skip_special_tokens=False)  # but still context
+    full = encode_conversation(conversation_messages({"messages": [{**m, "weight": 1} if m["role"] == "assistant"
+                                                                   else m for m in msgs]}), fmt, tok, max_len=200)
+    assert full.ids.tolist() == ex.ids.tolist() and full.n_targets > ex.n_targets
+    last_zero = [*msgs[:3], {**msgs[3], "weight": 0}]
+    for obj in ({"messages": last_zero},  # nothing left to learn
+                {"messages": [msgs[0], {**msgs[1], "weight": 2}]},
+                {"messages": [{**msgs[0], "weight": 1}, msgs[3]]},  # weight only on assistant turns
+                {"messages": [msgs[0], {**msgs[3], "weight": True}]},
+                {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}, msgs[3]]}):
+        with pytest.raises(ConversationError) as e:
+            conversation_messages(obj)
+        assert e.value.reason == ("no_assistant" if obj["messages"] is last_zero else "bad_messages")

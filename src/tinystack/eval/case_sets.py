@@ -58,12 +58,13 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
 def build_chat_cases(conversations: Sequence[tuple[str, list[dict[str, str]]]], n_cases: int, threshold: float,
                      tokenizer: Any, *, max_target_tokens: int, prefix: str = "heldout") -> list[Case]:
     """max_loss chat cases from (id, messages) conversations, evenly spaced: the last user message before the
-    first assistant turn (and the system message, if the conversation opens with one) as the prompt, that
-    answer as the target (cut to `max_target_tokens` tokens). `threshold` in nats per token, stored per byte
-    as in build_cases."""
+    first trained assistant turn (not one with "weight": 0), and the system message if the conversation opens
+    with one, as the prompt; that answer as the target (cut to `max_target_tokens` tokens). `threshold` in nats
+    per token, stored per byte as in build_cases."""
     usable = []
     for cid, messages in conversations:
-        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        first = next((i for i, m in enumerate(messages)  # a turn trained with weight 0 is context, not an answer
+                      if m["role"] == "assistant" and m.get("weight", 1) != 0), None)
         users = [m for m in messages[:first or 0] if m["role"] == "user"]
         if first is not None and users and messages[first]["content"].strip():
             system = messages[0]["content"] if messages[0]["role"] == "system" else None

@@ -2,8 +2,9 @@
 
 Tokenizing (`encode_conversation`): the whole conversation F = render(messages) is encoded
 with `infer.chat.encode_chat`, the call the server makes on a chat prompt. For each
-assistant turn i, with P_i = render(messages[:i], add_generation_prompt=True) (exactly the
-prompt the server would build before that turn) and E_i = render(messages[:i+1]):
+assistant turn i (but those with weight 0: context only), with P_i = render(messages[:i],
+add_generation_prompt=True) (exactly the prompt the server would build before that turn)
+and E_i = render(messages[:i+1]):
 
     ids(F) = ids(P_i) + [assistant tokens of turn i] + ...     loss on those tokens only
              (the content and the template's end of turn, e.g. <|im_end|>: the model learns to stop)
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 from tinystack.infer.chat import ChatFormatter, encode_chat
+from tinystack.train.finetune_data import is_target
 from tinystack.train.loss import IGNORE_INDEX
 
 
@@ -55,7 +57,7 @@ def encode_conversation(messages: Sequence[dict[str, str]], formatter: ChatForma
     target = np.zeros(len(ids), dtype=bool)
     span = (0, 0)  # the last assistant turn's tokens
     for i, m in enumerate(messages):
-        if m["role"] != "assistant":
+        if not is_target(m):  # user, system, or an assistant turn with weight 0: context only
             continue
         prompt = encode_chat(tokenizer, formatter.render(list(messages[:i]), add_generation_prompt=True))
         upto = encode_chat(tokenizer, formatter.render(list(messages[:i + 1]), add_generation_prompt=False))

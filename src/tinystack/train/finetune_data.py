@@ -3,6 +3,9 @@
     one JSON object per line, either
         {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...], "source"?, "id"?}
         {"prompt": str, "completion": str, "system"?: str, "source"?, "id"?}   (= one user + one assistant turn)
+    as OpenAI's fine-tuning files have them: content may be a list of {"type": "text", "text": str} parts
+    (joined, as the server joins them), and an assistant message may carry "weight": 0 (shown to the model
+    as context, never a target) or 1 (the default)
       -> read        data.io.readers.jsonl_objects; a line that is not JSON, not an object, has no
                      assistant turn, a bad role or content, or that the chat template rejects goes to
                      `Rejects` with its file and line number (reasons below); the rest carries on
@@ -66,12 +69,33 @@ def conversation_messages(obj: Any) -> list[dict[str, str]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ConversationError("bad_messages", f"message {i}: needs a role in {ROLES}")
-        if not isinstance(m.get("content"), str):
-            raise ConversationError("bad_messages", f"message {i}: content must be a string")
-        out.append({"role": m["role"], "content": m["content"]})
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in out):
-        raise ConversationError("no_assistant", "no non-empty assistant message to learn from")
+        msg = {"role": m["role"], "content": _content_text(m.get("content"), i)}
+        if "weight" in m:
+            w = m["weight"]
+            if m["role"] != "assistant" or isinstance(w, bool) or w not in (0, 1):
+                raise ConversationError("bad_messages", f"message {i}: weight must be 0 or 1, and only on an "
+                                                        f"assistant message (got {w!r} on {m['role']})")
+            if w == 0:
+                msg["weight"] = 0
+        out.append(msg)
+    if not any(is_target(m) and m["content"].strip() for m in out):
+        raise ConversationError("no_assistant", "no non-empty assistant message to learn from (weight 1)")
     return out
+
+
+def is_target(message: dict[str, Any]) -> bool:
+    """An assistant turn the model learns (not one with weight 0)."""
+    return message["role"] == "assistant" and message.get("weight", 1) != 0
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ConversationError("bad_messages", f"message {i}: content must be a string or a list of "
+                                            '{"type": "text", "text": ...} parts')
 
 
 ROLE_FORMAT = ChatFormatter(None)  # the built-in format, the same for every model
