@@ -82,3 +82,21 @@ def test_tinystack_serve_with_two_replicas_serves_and_shuts_down_cleanly(model_d
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_ray_call_after_the_gateway_stops_its_cluster_fails_instead_of_starting_another():
+    # Serve's router thread re-polls its controller on its own; one that lands during or after the gateway's
+    # ray.shutdown() must not auto-connect: during, that deadlocked the exit (CI); after, it starts a new cluster
+    script = (
+        "import ray\n"
+        "from tinystack.serve.replicas import deploy\n"
+        "assert deploy.connect('', 1, 1)\n"
+        "deploy.shutdown(True)\n"
+        "try:\n"
+        "    ray.put(1)\n"
+        "except Exception as e:\n"
+        "    print('refused:', type(e).__name__)\n"
+        "print('initialized:', ray.is_initialized())\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "refused:" in out.stdout and "initialized: False" in out.stdout, out.stdout

@@ -16,6 +16,12 @@
                                                        (other gateways, the next rolling update use them)
 
 Serve's HTTP proxy is not started: the gateway (the ordinary app, serve/app.py) is the only way in.
+
+shutdown() turns Ray's auto-connect off for the rest of the process before it stops the cluster. Serve's router
+thread in the gateway keeps re-polling the controller (every ~30 s, and when a poll fails); a re-poll that landed
+while ray.shutdown() was disconnecting called ray.init() (auto-connect), which deadlocked the shutdown until the
+exit deadline killed the gateway (status 1, seen once in CI) -- and one after it would start a new local cluster.
+With auto-connect off, such a re-poll fails in the router thread, and nothing here starts Ray but connect().
 """
 from __future__ import annotations
 
@@ -98,5 +104,13 @@ def shutdown(started_here: bool) -> None:
 
     if not ray.is_initialized():
         return
+    _no_auto_connect()  # also for a joined cluster: Ray's exit hook disconnects this process at exit
     if started_here:  # the gateway has drained: stopping the cluster ends the replicas (no Serve teardown)
         ray.shutdown()
+
+
+def _no_auto_connect() -> None:
+    """What RAY_ENABLE_AUTO_CONNECT=0 sets, for a process that imported ray before reading it (module docstring)."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = False
