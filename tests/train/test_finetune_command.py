@@ -29,7 +29,8 @@ def _conversations(n=24, seed=0):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return write_jsonl(tmp_path_factory.mktemp("data") / "chat.jsonl", [*_conversations(), "{not json"])
+    convs = _conversations()
+    return write_jsonl(tmp_path_factory.mktemp("data") / "chat.jsonl", [*convs, "{not json", convs[3]])  # + a repeat
 
 
 def _run(args):
@@ -45,6 +46,7 @@ def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora)
     res = _run(args)
     assert res.exit_code == 0, res.output
     assert "held-out (" in res.output and "nats/token" in res.output
+    assert "; 1 removed (exact_duplicate 1); 1 rejected lines (invalid_json 1)" in res.output  # what became of each
     report = json.loads((tmp_path / "tuned_finetune" / "report.json").read_text())
     assert report["method"] == (f"lora r={lora}" if lora else "full")
     h = report["heldout"]

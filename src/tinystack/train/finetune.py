@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -73,6 +73,10 @@ class TokenizerFiles:
         for name in TOKENIZER_FILES:
             if (self.base_dir / name).is_file():
                 shutil.copyfile(self.base_dir / name, Path(out_dir) / name)
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
 
 
 def _context(base_dir: Path) -> int:
@@ -136,8 +140,10 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         write_jsonl(work / "train.jsonl", prep.train)
         write_jsonl(work / "val.jsonl", prep.val)
         rejects.write(work / "rejected.jsonl")
-    console.print(f"finetune: {len(train_ex)} train / {len(val_ex)} held-out conversations, {rejects.total} "
-                  f"rejected ({', '.join(f'{k} {v}' for k, v in sorted(rejects.counts.items())) or 'none'})")
+    dropped = prep.dropped()
+    console.print(f"finetune: {len(train_ex)} train / {len(val_ex)} held-out conversations; "
+                  f"{sum(dropped.values())} removed ({_counts(dropped)}); {rejects.total} rejected lines "
+                  f"({_counts(rejects.counts)})")
     pad = tok.eos_token_id if tok.eos_token_id is not None else 0
     tcfg = train_config(cfg)
     val_batches = fixed_batches(val_ex, ft.batch_size, pad) if val_ex else None

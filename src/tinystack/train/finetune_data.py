@@ -24,6 +24,7 @@ no_assistant, bad_source, template_error. A record without `source` gets the fil
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,10 @@ class PreparedConversations:
     train: list[Record]
     val: list[Record]
     steps: list[StepStats] = field(default_factory=list)
+
+    def dropped(self) -> Counter[str]:
+        """Conversations the steps removed (duplicates, ...), by reason; rejected lines are counted apart."""
+        return sum((s.dropped for s in self.steps), Counter())
 
     def summary(self, rejects: Rejects) -> dict[str, Any]:
         return {"train": len(self.train), "val": len(self.val), "rejected": dict(rejects.counts),
