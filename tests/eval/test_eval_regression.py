@@ -131,6 +131,12 @@ def test_a_chat_case_scores_its_target_after_the_prompt_as_the_chat_is_served(to
     plain = run_case(model, tok, Case(id="p", prompt="the big cat", expect="max_loss", target=" sees the",
                                       threshold=1e9))
     assert plain["score"] != pytest.approx(got["score"])  # the template really went in
+    later = Case(id="h", prompt="the big cat", expect="max_loss", target=" sees the", threshold=1e9, chat=True,
+                 system="the dog",
+                 history=[{"role": "user", "content": "a cat"}, {"role": "assistant", "content": "sees"}])
+    served = encode_chat(tok, "<system>the dog\n<user>a cat\n<assistant>sees\n<user>the big cat\n<assistant>")
+    nats = target_nats(model, served, tok.encode_ordinary(" sees the"))  # a later turn: after the turns before it
+    assert run_case(model, tok, later, formatter=chat)["score"] == pytest.approx(float(nats.sum()) / len(" sees the"))
     gen = run_case(model, tok, Case(id="g", prompt="the big cat", expect="regex", target=".", chat=True),
                    formatter=chat)
     assert gen["detail"]["completion"]
@@ -152,6 +158,9 @@ def test_chat_cases_from_conversations_and_their_file_round_trip(toy_model_dir, 
     cases = build_chat_cases(conversations, 10, math.log(300), tok, max_target_tokens=3)
     assert [(c.id, c.system, c.prompt) for c in cases] == [("heldout-a", "be brief", "hi"), ("heldout-c", None, "q2"),
                                                            ("heldout-d", None, "q4")]
+    # what came before the answer, as served: the earlier turns (no weights) ride along as the history
+    d_history = [{"role": "user", "content": "q3"}, {"role": "assistant", "content": "wrong"}]
+    assert [c.history for c in cases] == [None, [{"role": "user", "content": "q1"}], d_history]
     assert cases[2].target.startswith("the c") and "the cat".startswith(cases[2].target)
     twice = build_chat_cases([conversations[0], conversations[0]], 10, math.log(300), tok, max_target_tokens=3)
     assert len({c.id for c in twice}) == 2  # one id, two conversations: the file still loads
@@ -165,6 +174,9 @@ def test_chat_cases_from_conversations_and_their_file_round_trip(toy_model_dir, 
 
 @pytest.mark.parametrize("bad, error", [(dict(expect="nope"), ValueError), (dict(expect="max_loss"), ValueError),
                                         (dict(system="s"), ValueError),  # a system message needs chat: true
+                                        (dict(history=[{"role": "user", "content": "a"}]), ValueError),  # also chat
+                                        (dict(chat=True, history=[{"role": "system", "content": "a"}]), ValueError),
+                                        (dict(chat=True, history=[{"role": "user"}]), ValueError),
                                         (dict(expect="regex", target="("), re.error)])  # re.compile's own error
 def test_invalid_cases_are_rejected(bad, error):
     kw = {"id": "x", "prompt": "p", "expect": "contains", "target": "t", **bad}

@@ -57,28 +57,32 @@ def build_cases(records: Sequence[dict[str, Any]], n_cases: int, threshold: floa
 
 def build_chat_cases(conversations: Sequence[tuple[str, list[dict[str, str]]]], n_cases: int, threshold: float,
                      tokenizer: Any, *, max_target_tokens: int, prefix: str = "heldout") -> list[Case]:
-    """max_loss chat cases from (id, messages) conversations, evenly spaced: the last user message before the
-    first trained assistant turn (not one with "weight": 0), and the system message if the conversation opens
-    with one, as the prompt; that answer as the target (cut to `max_target_tokens` tokens). `threshold` in nats
-    per token, stored per byte as in build_cases."""
+    """max_loss chat cases from (id, messages) conversations, evenly spaced: the first trained assistant turn
+    (not one with "weight": 0) as the target (cut to `max_target_tokens` tokens), after all that precedes it as
+    served: the last user message before it as the prompt, the system message if the conversation opens with
+    one, and the turns in between as the history. `threshold` in nats per token, stored per byte as in
+    build_cases."""
     usable = []
     for cid, messages in conversations:
         first = next((i for i, m in enumerate(messages)  # a turn trained with weight 0 is context, not an answer
                       if m["role"] == "assistant" and m.get("weight", 1) != 0), None)
-        users = [m for m in messages[:first or 0] if m["role"] == "user"]
-        if first is not None and users and messages[first]["content"].strip():
-            system = messages[0]["content"] if messages[0]["role"] == "system" else None
-            usable.append((cid, system, users[-1]["content"], messages[first]["content"]))
+        user = max((i for i, m in enumerate(messages[:first or 0]) if m["role"] == "user"), default=None)
+        if first is not None and user is not None and messages[first]["content"].strip():
+            opens = messages[0]["role"] == "system"
+            system = messages[0]["content"] if opens else None
+            history = [{"role": m["role"], "content": m["content"]} for m in messages[int(opens):user]]
+            if all(m["role"] in ("user", "assistant") for m in history):  # a later system turn: no case
+                usable.append((cid, system, history or None, messages[user]["content"], messages[first]["content"]))
     cases: list[Case] = []
     for i in _evenly(len(usable), n_cases):
-        cid, system, prompt, target = usable[i]
+        cid, system, history, prompt, target = usable[i]
         ids = tokenizer.encode_ordinary(target)[:max_target_tokens]
         target = tokenizer.decode(ids).rstrip("\ufffd")  # a cut inside a character leaves half of it
         if not target.strip():
             continue
         n_bytes = len(target.encode("utf-8"))
         cases.append(Case(id=_unique_id(f"{prefix}-{cid}", cases, i), prompt=prompt, expect="max_loss",
-                          target=target, chat=True, system=system,
+                          target=target, chat=True, system=system, history=history,
                           threshold=round(threshold * len(ids) / n_bytes, 4)))
     return cases
 

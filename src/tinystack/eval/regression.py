@@ -14,8 +14,9 @@ A case is one JSON line:
     max_loss        nats per UTF-8 byte of `target` after `prompt` <= threshold    that loss
     min_logprob     total log-probability of `target` >= threshold              that loss
 
-With `"chat": true` the prompt is a user's message (after an optional `"system"` one), rendered with the
-model directory's chat template and encoded with its special tokens, as `/v1/chat/completions` serves it: the
+With `"chat": true` the prompt is a user's message (after an optional `"system"` one and, for a later turn of a
+conversation, the turns before it as `"history"`: [{"role": "user"|"assistant", "content": ...}, ...]), rendered
+with the model directory's chat template and encoded with its special tokens, as `/v1/chat/completions` serves it: the
 cases a fine-tuned chat model is gated on (`tinystack finetune` writes them from its held-out conversations).
 
 Loss-type cases score as nats per byte of the target (its total negative log-probability over its
@@ -63,10 +64,19 @@ class Case:
     tolerance: float | None = None  # None: the run's default
     chat: bool = False  # prompt = a user's message, in the model's chat template
     system: str | None = None  # chat only: a system message before it
+    history: list[dict[str, str]] | None = None  # chat only: the user / assistant turns before `prompt`
 
     def __post_init__(self) -> None:
         if self.system is not None and not self.chat:
             raise ValueError(f"case {self.id}: a system message needs chat: true")
+        if self.history is not None:
+            if not self.chat:
+                raise ValueError(f"case {self.id}: a history needs chat: true")
+            if not isinstance(self.history, list) or not all(
+                    isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("user", "assistant")
+                    and isinstance(m["content"], str) for m in self.history):
+                raise ValueError(f"case {self.id}: history must be a list of {{\"role\": \"user\"|\"assistant\", "
+                                 f"\"content\": str}}")
         if self.expect not in KINDS:
             raise ValueError(f"case {self.id}: expect must be one of {KINDS}, got {self.expect!r}")
         if self.expect in THRESHOLD_KINDS and self.threshold is None:
@@ -110,7 +120,8 @@ def _context(case: Case, tokenizer: Any, formatter: Any) -> list[int]:
     from tinystack.infer.chat import encode_chat
 
     system = [{"role": "system", "content": case.system}] if case.system is not None else []
-    return encode_chat(tokenizer, formatter.render([*system, {"role": "user", "content": case.prompt}]))
+    history = case.history or []
+    return encode_chat(tokenizer, formatter.render([*system, *history, {"role": "user", "content": case.prompt}]))
 
 
 def _loss_case(model: GPT, tokenizer: Any, case: Case, device: str, formatter: Any = None) -> dict[str, Any]:
