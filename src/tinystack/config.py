@@ -166,6 +166,7 @@ class ServeConfig:
     max_prompt_chars: int = 8_000
     max_tokens_limit: int = 512
     default_max_tokens: int = 64  # when a request gives none (capped by what fits the context)
+    model_sampling_defaults: bool = True  # omitted sampling fields take the model's generation_config.json values
     max_n: int = 8  # choices per request
     max_body_bytes: int = 1_000_000  # larger request bodies -> 413
     fallback_text: str = ""  # answer marked "degraded" when the engine fails; "" = 503 instead

@@ -4,6 +4,7 @@ import hashlib
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,31 @@ def test_cuda_on_a_machine_without_it_is_one_line():
 ])
 def test_bad_values_are_one_line_naming_what_is_allowed(args, expected):
     assert_one_line_error(_run(*args), expected)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from tinystack.model import GPT, GPTConfig
+    from tinystack.model.io import save_model
+
+    d = tmp_path_factory.mktemp("model")
+    tok = CharTokenizer.train(["abcdefghijklmn"])
+    save_model(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=1, n_embd=8)), d,
+               eos_token_id=tok.eos_token_id)
+    tok.save(d)
+    return d
+
+
+def test_serve_refuses_a_bad_key_file_or_generation_config_before_starting(model_dir, tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("not-a-hash\n")
+    assert_one_line_error(_run("serve", "--model", str(model_dir), "--port", "0", "--api-key-file", str(keys)),
+                          "keys.txt:1: expected a hex SHA-256")
+    bad = tmp_path / "bad_model"
+    shutil.copytree(model_dir, bad)
+    (bad / "generation_config.json").write_text('{"temperature": 7}')
+    assert_one_line_error(_run("serve", "--model", str(bad), "--port", "0"),
+                          "generation_config.json: temperature must be in [0.0, 2.0], got 7")
 
 
 def test_hash_key_reads_keys_from_stdin_one_per_line():

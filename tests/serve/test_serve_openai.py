@@ -133,3 +133,38 @@ def test_chat_template_from_tokenizer_config(serve, engine, tmp_path):
     assert r.status_code == 200
     assert r.json()["usage"]["prompt_tokens"] == len(engine.engine.tokenizer.encode_ordinary("<user>hi<assistant>"))
     assert r.json()["model"] == tmp_path.name
+
+
+def test_omitted_sampling_fields_take_the_models_generation_config(serve, engine, tmp_path):
+    # the model asks for greedy (temperature 0) and a repetition penalty: requests that say nothing get both
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "repetition_penalty": 1.5,
+                                                                  "do_sample": True, "eos_token_id": 0}))
+    served = serve(engine, model_dir=tmp_path)
+    assert served.state.sampling_defaults == {"temperature": 0.0, "repetition_penalty": 1.5}
+
+    def text(url, **body):
+        r = httpx.post(f"{url}/v1/completions", timeout=10,
+                       json={"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, **body})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    omitted = {text(served.url, seed=s) for s in range(4)}
+    assert omitted == {text(served.url, temperature=0.0, repetition_penalty=1.5)}  # greedy with the penalty
+    sampled = {text(served.url, temperature=1.0, seed=s) for s in range(4)}  # what a request sets wins
+    assert len(sampled) > 1
+    r = httpx.post(f"{served.url}/generate", json={"prompt": PROMPT, "max_tokens": 12, "seed": 1}, timeout=10)
+    assert r.status_code == 200  # /generate reads the same defaults: greedy, so any seed gives the same text
+    assert r.json()["text"] == httpx.post(f"{served.url}/generate", timeout=10,
+                                          json={"prompt": PROMPT, "max_tokens": 12, "seed": 2}).json()["text"]
+
+
+def test_model_sampling_defaults_off_keeps_the_apis_own(serve, engine, tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))
+    served = serve(engine, model_dir=tmp_path, model_sampling_defaults=False)
+    assert served.state.sampling_defaults == {}
+    texts = set()
+    for s in range(4):  # the API's temperature 1: seeds give different texts
+        r = httpx.post(f"{served.url}/v1/completions", timeout=10,
+                       json={"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, "seed": s})
+        texts.add(r.json()["choices"][0]["text"])
+    assert len(texts) > 1

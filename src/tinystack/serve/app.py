@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from tinystack.atomic import read_json
 from tinystack.config import ServeConfig
 from tinystack.infer.chat import chat_formatter
+from tinystack.infer.generation_config import sampling_defaults
 from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
@@ -48,17 +49,26 @@ from tinystack.serve.ui.pages import ui_router
 logger = logging.getLogger("tinystack.serve")
 
 
-def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None) -> ServerState:
-    """The shared objects of one server run (see state.py). Raises ValueError for a bad key file."""
+def checked_inputs(cfg: ServeConfig, model_dir: str | Path | None) -> tuple[KeyChecker, dict[str, Any]]:
+    """What the server reads from files besides the model: the API keys and the model's sampling defaults
+    (infer/generation_config.py). Raises ValueError naming the file and line for a bad one, before anything
+    starts (in the app's start-up it would surface as a traceback)."""
+    keys = KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file))
+    return keys, sampling_defaults(model_dir) if cfg.model_sampling_defaults else {}
+
+
+def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None,
+                inputs: tuple[KeyChecker, dict[str, Any]] | None = None) -> ServerState:
+    """The shared objects of one server run (see state.py); `inputs`: checked_inputs' (read here if None)."""
+    keys, defaults = inputs if inputs is not None else checked_inputs(cfg, model_dir)
     adapter = make_adapter(engine)
     name = cfg.model_name or (Path(model_dir).name if model_dir else "tinystack")
     queued = cfg.max_queued_requests * getattr(adapter, "replicas", 1)  # each replica keeps its own queue
     return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(adapter.max_num_seqs, queued),
                        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
                        limiter=make_limiter(cfg),
-                       keys=KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file)),
-                       chat=chat_formatter(model_dir, adapter.tokenizer), model_name=name,
-                       lineage=served_lineage(model_dir))
+                       keys=keys, chat=chat_formatter(model_dir, adapter.tokenizer), model_name=name,
+                       lineage=served_lineage(model_dir), sampling_defaults=defaults)
 
 
 def served_lineage(model_dir: str | Path | None) -> dict[str, Any]:
@@ -101,6 +111,7 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
                model_dir: str | Path | None = None, span_exporter: Any = None) -> FastAPI:
     """The serving app for `engine` (a `tinystack.infer.AsyncEngine`).
 
+    Raises ValueError for a bad API key file or generation_config.json (checked_inputs).
     `request_log` receives one "request" line per HTTP request; the caller owns it
     (creates and closes it). `model_dir` is where the chat template
     (tokenizer_config.json) and the default model name come from. `span_exporter` (an
@@ -109,9 +120,11 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
     `app.state.observer` the Observer (its `metrics.registry` is this app's own).
     """
 
+    inputs = checked_inputs(cfg, model_dir)  # a bad key file or generation_config.json: a ValueError here
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(engine, cfg, model_dir)
+        state = build_state(engine, cfg, model_dir, inputs)
         app.state.server = state
         logger.info("serving %s with %s", state.model_name, state.settings())
         dog = asyncio.create_task(watchdog(state.adapter, cfg.watchdog_interval_s))

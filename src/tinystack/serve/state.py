@@ -42,6 +42,7 @@ class ServerState:
     chat: ChatFormatter
     model_name: str
     lineage: dict[str, Any] = field(default_factory=dict)  # the served model's tinystack.json (+ registry entry)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # for fields a request omits (generation_config)
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
     refusing: bool = False

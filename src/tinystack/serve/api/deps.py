@@ -13,7 +13,7 @@ from fastapi import Depends, Request
 
 from tinystack.serve.api.context import RequestContext, request_context
 from tinystack.serve.api.errors import AUTH_ERROR, SERVER_ERROR, ApiError
-from tinystack.serve.api.requests import Prepared, prepare
+from tinystack.serve.api.requests import Prepared, prepare, with_model_defaults
 from tinystack.serve.api.schemas import GenerateRequest
 from tinystack.serve.state import ServerState
 
@@ -55,7 +55,8 @@ def validated_request(body: GenerateRequest, state: State, ctx: Context) -> Prep
     try:
         prep = prepare(state, body.prompt,
                        max_tokens=body.max_tokens if "max_tokens" in body.model_fields_set else None,
-                       temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+                       seed=body.seed, **with_model_defaults(state, body, temperature=body.temperature,
+                                                             top_k=body.top_k, top_p=body.top_p))
     except ApiError as e:  # /generate keeps the foundation's 422 for a field out of range
         if e.status == 400 and e.code == "invalid_value":
             e.status, e.code = 422, "validation_error"

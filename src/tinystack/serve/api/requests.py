@@ -13,7 +13,9 @@ Checks, in order (each an ApiError with the numbers in the message):
                                                                 tokens (at most C - M prompt tokens)"
     SamplingParams rejects a value                           -> 400
 
-An omitted max_tokens is min(default_max_tokens, max_tokens_limit, context left).
+An omitted max_tokens is min(default_max_tokens, max_tokens_limit, context left); an omitted temperature,
+top_p, top_k, min_p or repetition_penalty is the model's own (its generation_config.json, when it sets one
+and [serve] model_sampling_defaults is on), else the API's default.
 A temperature below 1e-5 is greedy (as in vLLM): dividing logits by it would overflow;
 a top_p below 1e-6 is 1e-6 (float32 would round it to 0 and drop every token).
 """
@@ -90,9 +92,17 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
     return Prepared(prompt, ids, params, n, stops, timeout_s)
 
 
-def _common(body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
-    return dict(n=body.n, stop=body.stop, timeout=body.timeout, temperature=body.temperature, top_p=body.top_p,
-                top_k=body.top_k, min_p=body.min_p, seed=body.seed, repetition_penalty=body.repetition_penalty,
+def with_model_defaults(state: ServerState, body: Any, **sampling: Any) -> dict[str, Any]:
+    """`sampling` (the body's values) with each field the body omitted taken from the model's defaults
+    (state.sampling_defaults: its generation_config.json), as vLLM does."""
+    return {k: state.sampling_defaults[k] if k in state.sampling_defaults and k not in body.model_fields_set else v
+            for k, v in sampling.items()}
+
+
+def _common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+    sampling = with_model_defaults(state, body, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                                   min_p=body.min_p, repetition_penalty=body.repetition_penalty)
+    return dict(n=body.n, stop=body.stop, timeout=body.timeout, seed=body.seed, **sampling,
                 presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                 ignore_eos=body.ignore_eos)
 
@@ -107,7 +117,7 @@ def _streaming(prep: Prepared, body: CompletionRequest | ChatCompletionRequest) 
 
 def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]  # a list of one: the schema's rule
-    prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **_common(body))
+    prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **_common(state, body))
     return _streaming(prep, body)
 
 
@@ -123,7 +133,7 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
         raise _param("messages", str(e)) from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     prep = prepare(state, prompt, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=logprobs,
-                   prompt_ids=encode_chat(state.adapter.tokenizer, prompt), **_common(body))
+                   prompt_ids=encode_chat(state.adapter.tokenizer, prompt), **_common(state, body))
     return _streaming(prep, body)
 
 

@@ -1,0 +1,43 @@
+"""A model directory's sampling defaults (infer/generation_config.py): the fields vLLM reads from
+generation_config.json, checked against the API's ranges, one line naming the file and field when bad."""
+import json
+
+import pytest
+
+from tinystack.infer.generation_config import sampling_defaults
+
+
+def _dir(tmp_path, config):
+    (tmp_path / "generation_config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    return tmp_path
+
+
+def test_the_sampling_fields_are_read_and_the_rest_ignored(tmp_path):
+    d = _dir(tmp_path, {"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": True, "temperature": 0.6,
+                        "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05, "max_length": 4096})
+    got = sampling_defaults(d)
+    assert got == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05}
+    assert isinstance(got["top_k"], int) and isinstance(got["temperature"], float)
+
+
+def test_no_file_none_or_null_values_give_no_defaults(tmp_path):
+    assert sampling_defaults(None) == {} and sampling_defaults(tmp_path) == {}
+    assert sampling_defaults(_dir(tmp_path, {"temperature": None, "top_k": -1, "top_p": 1})) == {"top_k": 0,
+                                                                                                 "top_p": 1.0}
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"temperature": "0.7"}, "temperature must be a number, got '0.7'"),
+    ({"temperature": True}, "temperature must be a number, got True"),
+    ({"temperature": 2.5}, "temperature must be in [0.0, 2.0], got 2.5"),
+    ({"top_p": 0}, "top_p must be in (0.0, 1.0], got 0"),
+    ({"top_k": 2.5}, "top_k must be a number (whole), got 2.5"),
+    ({"top_k": -2}, "top_k must be in [-1,"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be in [0.01, 10.0], got 0"),
+    ("[1, 2]", "expected a JSON object"),
+    ("{not json", "cannot read it"),
+])
+def test_a_bad_value_is_one_line_naming_the_file_and_field(tmp_path, config, message):
+    with pytest.raises(ValueError) as e:
+        sampling_defaults(_dir(tmp_path, config))
+    assert "generation_config.json: " in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
