@@ -104,7 +104,7 @@ def model_dir(tmp_path_factory) -> Path:
     return d
 
 
-def test_serve_refuses_a_bad_key_file_or_generation_config_before_starting(model_dir, tmp_path):
+def test_serve_and_generate_refuse_a_bad_key_file_or_generation_config_at_once(model_dir, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("not-a-hash\n")
     assert_one_line_error(_run("serve", "--model", str(model_dir), "--port", "0", "--api-key-file", str(keys)),
@@ -113,6 +113,8 @@ def test_serve_refuses_a_bad_key_file_or_generation_config_before_starting(model
     shutil.copytree(model_dir, bad)
     (bad / "generation_config.json").write_text('{"temperature": 7}')
     assert_one_line_error(_run("serve", "--model", str(bad), "--port", "0"),
+                          "generation_config.json: temperature must be in [0.0, 2.0], got 7")
+    assert_one_line_error(_run("generate", "--model", str(bad), "--prompt", "abc"),  # generate reads it too
                           "generation_config.json: temperature must be in [0.0, 2.0], got 7")
 
 

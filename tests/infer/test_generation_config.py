@@ -3,6 +3,7 @@ generation_config.json, checked against the API's ranges, one line naming the fi
 import json
 
 import pytest
+import torch
 
 from tinystack.infer.generation_config import sampling_defaults
 
@@ -41,3 +42,39 @@ def test_a_bad_value_is_one_line_naming_the_file_and_field(tmp_path, config, mes
     with pytest.raises(ValueError) as e:
         sampling_defaults(_dir(tmp_path, config))
     assert "generation_config.json: " in str(e.value) and message in str(e.value) and "\n" not in str(e.value)
+
+
+def _tiny_model_dir(d):
+    from tinystack.model import GPT, GPTConfig
+    from tinystack.model.io import save_model
+    from tinystack.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.train(["abcdefghijklmn "])
+    torch.manual_seed(0)
+    save_model(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=1, n_embd=16)), d,
+               eos_token_id=tok.eos_token_id)
+    tok.save(d)
+    return d
+
+
+def test_generate_takes_the_models_sampling_unless_a_flag_sets_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from tinystack.cli import app
+
+    d = _tiny_model_dir(tmp_path)
+
+    def generate(*flags):
+        res = CliRunner().invoke(app, ["generate", "--model", str(d), "--prompt", "abc", "--max-tokens", "16",
+                                       "--ignore-eos", "--set", "infer.dtype=float32", *flags])
+        assert res.exit_code == 0, res.output
+        return res.stdout.splitlines()[-1] if res.stdout.strip() else "", res.output
+
+    sampled = {generate("--seed", str(s))[0] for s in range(4)}  # no generation_config.json: the CLI's 0.8
+    assert len(sampled) > 1
+    _dir(tmp_path, {"temperature": 0.0})
+    runs = [generate("--seed", str(s)) for s in range(4)]
+    assert len({text for text, _ in runs}) == 1  # the model's greedy, whatever the seed
+    assert "sampling from the model's generation_config.json: temperature=0.0" in runs[0][1]
+    assert runs[0][0] == generate("--temperature", "0")[0]
+    assert len({generate("--temperature", "0.8", "--seed", str(s))[0] for s in range(4)}) > 1  # a flag wins
