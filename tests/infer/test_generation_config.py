@@ -78,3 +78,15 @@ def test_generate_takes_the_models_sampling_unless_a_flag_sets_it(tmp_path):
     assert "sampling from the model's generation_config.json: temperature=0.0" in runs[0][1]
     assert runs[0][0] == generate("--temperature", "0")[0]
     assert len({generate("--temperature", "0.8", "--seed", str(s))[0] for s in range(4)}) > 1  # a flag wins
+
+
+def test_llm_uses_the_models_sampling_when_given_no_params(tmp_path):
+    from tinystack.infer import LLM, SamplingParams
+
+    d = _dir(_tiny_model_dir(tmp_path), {"temperature": 0.0, "top_k": 5})
+    llm = LLM(d, dtype="float32")
+    defaults = llm.get_default_sampling_params()  # vLLM's name
+    assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.0, 5, 1.0)
+    greedy = llm.generate("abc", SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0].token_ids
+    runs = {tuple(llm.generate("abc")[0].token_ids) for _ in range(3)}  # no params: the model's greedy
+    assert len(runs) == 1 and list(next(iter(runs))) == greedy[:len(next(iter(runs)))]

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from tinystack.infer.generation_config import sampling_defaults
 from tinystack.infer.llm_engine import LLMEngine
 from tinystack.infer.outputs import RequestOutput
 from tinystack.infer.sampler import SamplingParams
@@ -65,7 +66,9 @@ class LLM:
                  device: str = "cpu", dtype: str = "auto", quantize: str | None = None, **engine_kwargs):
         """`model` is a model directory (or an already built model, with `tokenizer`); engine_kwargs go to
         LLMEngine: kv_cache, scheduler, block_size, max_num_seqs, max_num_batched_tokens, memory_limit, ..."""
-        if isinstance(model, (str, Path)):
+        model_dir = model if isinstance(model, (str, Path)) else None
+        self._model_sampling = sampling_defaults(model_dir)  # {} for a model object; a bad file: before loading
+        if model_dir is not None:
             model, tok = load_for_inference(model, backend, device, dtype, quantize,
                                             tokenizer=True if tokenizer is None else tokenizer)
             tokenizer = tokenizer or tok
@@ -74,12 +77,18 @@ class LLM:
         self.engine = LLMEngine(model, tokenizer, **engine_kwargs)
         self.tokenizer = tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model directory's generation_config.json sampling values (vLLM's name);
+        what generate() uses when given none."""
+        return SamplingParams(**self._model_sampling)
+
     def generate(self, prompts: str | Sequence[str] | Sequence[list[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in the order of the prompts."""
+        """Run every prompt to completion; outputs in the order of the prompts. No params: the model's
+        defaults (get_default_sampling_params)."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        params = params or SamplingParams()
+        params = params or self.get_default_sampling_params()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
