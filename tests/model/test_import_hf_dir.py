@@ -127,6 +127,8 @@ def _sentencepiece_only(d):
     (lambda d: (d / "config.json").unlink(), "missing config.json"),
     (lambda d: (d / "model.safetensors").unlink(), "missing model.safetensors"),
     (_sentencepiece_only, r"missing tokenizer.json \(tokenizer.model, SentencePiece, is not supported\)"),
+    (lambda d: (d / "generation_config.json").write_text('{"top_p": 1.5}'),
+     r"generation_config.json: top_p must be in \(0.0, 1.0\], got 1.5"),
 ])
 def test_what_we_cannot_load_is_named(hf_dir, tmp_path, change, message):
     d = _broken(hf_dir, tmp_path, change)

@@ -134,6 +134,7 @@ def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
 
     from tinystack.infer.chat import load_chat_template
+    from tinystack.infer.generation_config import sampling_defaults
 
     if not (src / CONFIG_FILE).is_file():
         raise ModelFormatError(f"{src}: missing {CONFIG_FILE} (not a Hugging Face model directory)")
@@ -157,6 +158,10 @@ def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
     if template:
         tok_config["chat_template"] = template
     write_json(tmp / TOKENIZER_CONFIG, tok_config)
+    try:  # its sampling values as serve and generate check them: a bad one fails the import, not the first serve
+        sampling_defaults(src)
+    except ValueError as e:
+        raise ModelFormatError(str(e)) from None
     gen = read_json(src / GENERATION_CONFIG) if (src / GENERATION_CONFIG).is_file() else {}
     gen = gen or {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None}
     write_json(tmp / GENERATION_CONFIG, gen)
