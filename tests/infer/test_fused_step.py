@@ -24,10 +24,11 @@ from tinystack.model.llama import Llama, LlamaConfig
 pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
 
 
-def _llama(bias: bool, fmt: str, seed: int = 0) -> Llama:
+def _llama(bias: bool, fmt: str, seed: int = 0, rope_scaling: dict | None = None) -> Llama:
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, n_layer=3, n_head=6, n_kv_head=2,
-                      head_dim=16, max_position_embeddings=256, attention_bias=bias, mlp_bias=bias)
+                      head_dim=16, max_position_embeddings=256, attention_bias=bias, mlp_bias=bias,
+                      rope_scaling=rope_scaling)
     model = Llama(cfg).eval()
     with torch.no_grad():  # random init zeroes biases and sets norm gains to 1; make both matter
         for name, p in model.named_parameters():
@@ -133,9 +134,14 @@ def test_a_verification_row_gives_the_bits_of_one_decode_at_a_time(fmt):
     assert torch.equal(verified, torch.stack(one_by_one))
 
 
-@pytest.mark.parametrize("fmt", ["float32", "q4_1"])
-def test_greedy_generation_with_and_without_the_fused_step(fmt):
-    model = _llama(True, fmt, seed=3)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+
+@pytest.mark.parametrize("fmt, rope", [("float32", None), ("q4_1", None), ("float32", LLAMA3_ROPE)],
+                         ids=["float32", "q4_1", "llama3-rope"])
+def test_greedy_generation_with_and_without_the_fused_step(fmt, rope):
+    model = _llama(True, fmt, seed=3, rope_scaling=rope)  # llama3: the fused step rotates by the scaled table
     prompts = random_prompts([3, 17, 1, 40, 9, 25], seed=7)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -79,6 +79,24 @@ def test_it_loads_directly_and_through_import(hf_dir, tmp_path):
     assert load_tokenizer(out).encode_ordinary(text) == load_tokenizer(d).encode_ordinary(text)
 
 
+def test_a_llama3_rope_directory_imports_and_equals_transformers(tmp_path):
+    """Llama 3.1 / 3.2's RoPE scaling as transformers 5 writes it (inside rope_parameters), with a short original
+    context (64) so that head_dim 16's wavelengths (6 to 10,590) fall in all three of its bands."""
+    d = tmp_path / "hf"
+    vocab = _save_tokenizer(d)
+    model = hf_model("llama", vocab, tie=True)
+    model.config.rope_parameters.update(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                        original_max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(model.config).eval()  # rebuilt so the rotary tables use it
+    model.save_pretrained(d)
+    assert json.loads((d / "config.json").read_text())["rope_parameters"]["rope_type"] == "llama3"
+    import_model(d, tmp_path / "out")
+    ids = torch.randint(0, vocab, (2, 120), generator=torch.Generator().manual_seed(4))  # past the original 64
+    ours = load_model(tmp_path / "out")
+    assert ours.config.rope_scaling["rope_type"] == "llama3"
+    assert torch.allclose(_logits(ours, ids), _logits(model, ids), atol=1e-5, rtol=0)
+
+
 def test_a_gpt2_directory_imports(tmp_path):
     torch.manual_seed(0)
     src = tmp_path / "gpt2"

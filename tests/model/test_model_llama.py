@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 def _save(tmp_path, kind, **over):
     torch.manual_seed(0)
-    kw = dict(vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=40, **over)
+    kw = {**dict(vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=40), **over}
     if kind == "llama":
         hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
     else:
@@ -37,6 +37,33 @@ def test_logits_equal_transformers(tmp_path, kind, over):
         assert torch.allclose(ours(idx)[0], hf(idx).logits, atol=1e-4)
 
 
+# Llama 3.1 / 3.2's scaling with a short original context (64), so that head_dim 8's four frequencies fall in
+# all three of its bands at theta 1e4: wavelengths 6.3 (kept), 63 (interpolated), 628 and 6283 (divided by 8)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("scaling", [LLAMA3, {"rope_type": "linear", "factor": 4.0}], ids=["llama3", "linear"])
+def test_scaled_rope_equals_transformers(tmp_path, scaling):
+    from tinystack.model import save_model
+    from tinystack.model.llama import rope_inv_freq
+
+    hf = _save(tmp_path / "hf", "llama", rope_scaling={**scaling}, max_position_embeddings=512)  # (it adds keys)
+    ours = load_model(tmp_path / "hf")
+    assert ours.config.rope_scaling == scaling
+    changed = rope_inv_freq(8, 10_000.0, scaling) / rope_inv_freq(8, 10_000.0)  # which frequencies moved, how far
+    expect = [1.0, None, 0.125, 0.125] if scaling is LLAMA3 else [0.25] * 4
+    for got, want in zip(changed.tolist(), expect):
+        assert (0.125 < got < 1.0) if want is None else got == pytest.approx(want)
+    idx = torch.randint(0, 67, (2, 300), generator=torch.Generator().manual_seed(3))  # past the original 64
+    with torch.no_grad():
+        assert torch.allclose(ours(idx)[0], hf(idx).logits, atol=1e-4)
+    save_model(ours, tmp_path / "ours", eos_token_id=3)  # written back as transformers reads it
+    back = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    with torch.no_grad():
+        assert torch.allclose(back(idx).logits, hf(idx).logits, atol=1e-4)
+
+
 def test_clear_errors(tmp_path):
     _save(tmp_path, "llama")
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -47,8 +74,11 @@ def test_clear_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
     with pytest.raises(ModelFormatError, match="unsupported model_type 'mamba'.*'llama', 'qwen2'"):
         load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}}))
+    with pytest.raises(ModelFormatError, match="unsupported rope scaling 'yarn'"):
+        load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
-    with pytest.raises(ModelFormatError, match="unsupported rope scaling 'llama3'"):
+    with pytest.raises(ModelFormatError, match="rope scaling 'llama3' lacks 'low_freq_factor', 'high_freq_factor'"):
         load_model(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
     with pytest.raises(ModelFormatError, match="lacks 'hidden_size'"):

@@ -110,14 +110,25 @@ def save_model(model: GPT | Llama, model_dir: str | Path, *, eos_token_id: int |
     return model_dir
 
 
+# the RoPE scalings the model implements (model/llama.rope_inv_freq) and the numbers each needs
+ROPE_SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (), "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
 def llama_config_from_hf(hf: dict[str, Any]) -> LlamaConfig:
     """A Llama-family config.json -> LlamaConfig; refuses what the model does not implement."""
     model_type = hf.get("model_type")
     rope = hf.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
-    scaling = hf.get("rope_scaling") or {}
-    rope_type = scaling.get("rope_type", scaling.get("type")) or rope.get("rope_type", "default")
-    if rope_type != "default":
-        raise ModelFormatError(f"unsupported rope scaling {rope_type!r} (only plain RoPE)")
+    scaling = hf.get("rope_scaling") or rope  # transformers 4 keeps the scaling apart, under rope_scaling
+    rope_type = scaling.get("rope_type", scaling.get("type")) or "default"
+    if rope_type not in ROPE_SCALING_KEYS:
+        raise ModelFormatError(f"unsupported rope scaling {rope_type!r} (plain RoPE, 'linear' or 'llama3')")
+    missing = [k for k in ROPE_SCALING_KEYS[rope_type] if scaling.get(k) is None]
+    if missing:
+        raise ModelFormatError(f"rope scaling {rope_type!r} lacks {', '.join(map(repr, missing))}")
+    numbers = {k: (int if k.startswith("original") else float)(scaling[k]) for k in ROPE_SCALING_KEYS[rope_type]}
+    rope_scaling = {"rope_type": rope_type, **numbers} if rope_type != "default" else None
     if hf.get("hidden_act", "silu") != "silu":
         raise ModelFormatError(f"unsupported hidden_act {hf['hidden_act']!r} (only 'silu')")
     if model_type == "mistral" and hf.get("sliding_window"):
@@ -128,7 +139,7 @@ def llama_config_from_hf(hf: dict[str, Any]) -> LlamaConfig:
             n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"],
             n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"], head_dim=hf.get("head_dim") or 0,
             max_position_embeddings=hf.get("max_position_embeddings", 2048), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0), rope_scaling=rope_scaling,
             attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
             mlp_bias=bool(hf.get("mlp_bias", False)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             model_type=model_type)
@@ -147,7 +158,8 @@ def llama_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None,
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim,
         "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta, "hidden_act": "silu", "attention_bias": cfg.attention_bias,
+        "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "hidden_act": "silu",
+        "attention_bias": cfg.attention_bias,
         "mlp_bias": cfg.mlp_bias, "tie_word_embeddings": cfg.tie_word_embeddings,
         "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "torch_dtype": "float32",
         **({"sliding_window": None} if cfg.model_type == "mistral" else {}),  # transformers' default is 4096

@@ -15,6 +15,7 @@ autocast (training) a fused model's norms, rotary + q/k/v split and SwiGLU run a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,6 +41,9 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    # None: plain RoPE; {"rope_type": "linear", "factor"} or {"rope_type": "llama3", "factor", "low_freq_factor",
+    # "high_freq_factor", "original_max_position_embeddings"} (Llama 3.1 / 3.2): rope_inv_freq scales the frequencies
+    rope_scaling: dict[str, Any] | None = None
     attention_bias: bool = False  # Qwen2: True (q, k, v projections carry biases)
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
@@ -74,11 +78,37 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
-def rotary_table(n_positions: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, signed sin [n_positions, head_dim] for positions 0..n-1, in Hugging Face's half-split layout (the
-    two halves share frequencies). The sin's first half is negated, so that rotate_half(x) * sin (HF's form,
-    rotate_half(x) = cat(-x2, x1)) is roll(x, hd/2) * signed sin: one op instead of chunk, neg and cat."""
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None, device=None) -> torch.Tensor:
+    """RoPE's hd/2 inverse frequencies theta^(-2i/hd), scaled as `scaling` says (LlamaConfig.rope_scaling).
+
+    linear: every frequency / factor. llama3: the context was extended from original_max_position_embeddings
+    (L) by `factor`; a frequency whose wavelength 2 pi / f is short (< L / high_freq_factor: it turns many times
+    within L, local positions) is kept, a long one (> L / low_freq_factor) is divided by factor, and the ones
+    between are interpolated in L / wavelength, as Meta's reference code and transformers do."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)  # 0 at the long end of the band, 1 at the short end
+        between = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return torch.where(wavelen < old_len / high, inv_freq,
+                           torch.where(wavelen > old_len / low, inv_freq / factor, between))
+    if kind != "default":
+        raise ValueError(f"unsupported rope scaling {kind!r}")
+    return inv_freq
+
+
+def rotary_table(n_positions: int, head_dim: int, theta: float, device=None,
+                 scaling: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, signed sin [n_positions, head_dim] for positions 0..n-1, in Hugging Face's half-split layout (the
+    two halves share frequencies; rope_inv_freq's, scaled by `scaling`). The sin's first half is negated, so
+    that rotate_half(x) * sin (HF's form, rotate_half(x) = cat(-x2, x1)) is roll(x, hd/2) * signed sin: one op
+    instead of chunk, neg and cat."""
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, device)
     freqs = torch.arange(n_positions, device=device, dtype=torch.float32)[:, None] * inv_freq  # [n, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)
     sin = emb.sin()
@@ -209,7 +239,8 @@ class Llama(nn.Module):
         table = getattr(self, "_rope_table", None)
         if table is None or table[0].device != device:
             c = self.config
-            table = self._rope_table = rotary_table(c.max_position_embeddings, c.head_dim, c.rope_theta, device)
+            table = self._rope_table = rotary_table(c.max_position_embeddings, c.head_dim, c.rope_theta, device,
+                                                    c.rope_scaling)
         return table
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
