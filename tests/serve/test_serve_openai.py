@@ -141,6 +141,8 @@ def test_omitted_sampling_fields_take_the_models_generation_config(serve, engine
                                                                   "do_sample": True, "eos_token_id": 0}))
     served = serve(engine, model_dir=tmp_path)
     assert served.state.sampling_defaults == {"temperature": 0.0, "repetition_penalty": 1.5}
+    settings = httpx.get(f"{served.url}/metrics.json", timeout=5).json()["settings"]
+    assert settings["sampling_defaults"] == {"temperature": 0.0, "repetition_penalty": 1.5}  # what operators see
 
     def text(url, **body):
         r = httpx.post(f"{url}/v1/completions", timeout=10,

@@ -67,11 +67,12 @@ class ServerState:
             signal.set_result(None)
 
     def settings(self) -> dict[str, Any]:
-        """The protection settings in force (printed at start-up, shown by /health)."""
+        """The protection settings in force and the model's sampling defaults (logged at start-up, shown by
+        /metrics.json)."""
         c = self.cfg
         return {"max_num_seqs": self.adapter.max_num_seqs, "max_queued_requests": c.max_queued_requests,
                 "timeout_s": c.timeout_s, "stall_timeout_s": c.stall_timeout_s, "max_body_bytes": c.max_body_bytes,
                 "max_tokens_limit": c.max_tokens_limit, "max_n": c.max_n, "fallback": bool(c.fallback_text),
                 "breaker_failures": c.breaker_failures, "breaker_cooldown_s": c.breaker_cooldown_s,
                 "auth": self.keys.enabled, "rate_limit_rpm": c.rate_limit_rpm, "rate_limit_tpm": c.rate_limit_tpm,
-                "shutdown_grace_s": c.shutdown_grace_s}
+                "shutdown_grace_s": c.shutdown_grace_s, "sampling_defaults": dict(self.sampling_defaults)}
