@@ -2,6 +2,7 @@
 the Q/K permutation undone, the tokenizer rebuilt; everything else a one-line error."""
 import hashlib
 import json
+import math
 import sys
 
 import numpy as np
@@ -64,6 +65,47 @@ def test_k_and_iq_quant_files_import_as_transformers_loads_them(tmp_path, bpe, q
     a = _logits(ours, ids)
     assert a.std() > 1e-2  # the random weights are not all zero
     torch.testing.assert_close(a, _logits(ref, ids), atol=1e-5, rtol=0)
+
+
+def converter_rope_freqs(head_dim: int, theta: float, factor: float, low: float = 1.0, high: float = 4.0,
+                         old_context: int = 8192) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py writes as rope_freqs for a llama3 rope_scaling: each frequency's
+    divisor (1 for short wavelengths, factor for long ones, interpolated between)."""
+    out = []
+    for freq in 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+@pytest.mark.parametrize("scaling", ["llama3", "linear"])
+def test_scaled_rope_files_import_as_the_model_they_came_from(tmp_path, bpe, scaling):
+    """Llama 3.1+ GGUFs carry their RoPE scaling as rope_freqs (head_dim 16 at theta 5000: wavelengths 6 to
+    10,590, so the converter's original context 8192 puts them in all three llama3 bands); older linear-scaled
+    files as rope.scaling.*. Imported, either is the Hugging Face model it was converted from."""
+    hf = hf_model("llama", len(bpe[0]))
+    params = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192} if scaling == "llama3" else {"rope_type": "linear",
+                                                                                     "factor": 4.0})
+    hf.config.rope_parameters.update(params)
+    hf = transformers.LlamaForCausalLM(hf.config).eval()  # rebuilt so the rotary tables use it
+    if scaling == "llama3":
+        divisors = converter_rope_freqs(16, 5000.0, 8.0)
+        assert 1.0 in divisors and 8.0 in divisors and ((divisors > 1) & (divisors < 8)).any()  # all three bands
+        kw = {"extra": {"rope_freqs.weight": (divisors, None)}}
+    else:
+        kw = {"meta": {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}}
+    import_model(write_gguf(tmp_path / "m.gguf", hf, tokenizer=bpe, **kw), tmp_path / "out")
+    ours = load_model(tmp_path / "out")
+    assert ours.config.rope_scaling == params
+    ids = torch.randint(0, len(bpe[0]), (2, 100), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(ours, ids), _logits(hf, ids), atol=1e-5, rtol=0)
 
 
 def test_unpermute_inverts_the_converters_permutation():
@@ -160,7 +202,9 @@ CASES = {
     "rope scaling": ({"meta": {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}},
                      "unsupported rope scaling 'yarn'"),
     "moe": ({"meta": {"llama.expert_count": 8}}, "unsupported: mixture of experts"),
-    "rope_freqs": ({"extra": {"rope_freqs.weight": (np.ones(8, np.float32), None)}}, "rope_freqs"),
+    "rope_freqs": ({"extra": {"rope_freqs.weight": (np.linspace(1, 3, 8, dtype=np.float32), None)}},
+                   "rope_freqs that no llama3 parameters give"),
+    "rope_freqs shape": ({"extra": {"rope_freqs.weight": (np.ones(5, np.float32), None)}}, "rope_freqs has shape"),
     "quant type": ({"drop": ("blk.0.ffn_up.weight",),
                     "extra": {"blk.0.ffn_up.weight": (np.zeros((96, 66), np.uint8), IQ2XXS)}},
                    r"unsupported GGUF tensor type IQ2_XXS \(supported: F32, F16, BF16, Q8_0"),

@@ -23,9 +23,15 @@ every head: row h*hd + 2i + j (j = 0, 1) of the GGUF tensor is row h*hd + j*hd/2
 one. We undo it: view the rows as [heads, hd/2, 2], swap the last two axes, flatten. Qwen2 files
 are not permuted (llama.cpp runs them with the "NEOX" half-split rotation, the same as HF's).
 
+**RoPE scaling.** `rope.scaling.type` linear -> rope_scaling linear. Llama 3.1+'s scaling reaches GGUF only
+as a `rope_freqs` tensor: the divisor of each frequency, which llama.cpp's converter computes from the llama3
+parameters with its own fixed low_freq_factor 1, high_freq_factor 4 and original context 8192
+(LLAMA3_CONVERTER). config.json needs the parameters, so the import takes factor = the largest divisor and
+keeps the result only if those parameters give back every divisor (model/llama.rope_inv_freq).
+
 Anything we do not implement is refused with its name, never dropped: another architecture, a
-mixture of experts, RoPE scaling (or a `rope_freqs` tensor), partial rotary, a tensor we have no
-name for, a ggml type without a dequantiser.
+mixture of experts, other RoPE scalings (or `rope_freqs` no llama3 parameters give), partial rotary, a
+tensor we have no name for, a ggml type without a dequantiser.
 """
 from __future__ import annotations
 
@@ -35,13 +41,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from tinystack.model.gguf_dequant import SUPPORTED_TYPES, dequantize, type_name
 from tinystack.model.io import ModelFormatError
-from tinystack.model.llama import LlamaConfig
+from tinystack.model.llama import LlamaConfig, rope_inv_freq
 
 # GGUF architecture -> (our model_type, are Q/K rows permuted?)
 ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+'s RoPE scaling: one divisor per frequency (module docstring)
+# the llama3 parameters llama.cpp's converter computes rope_freqs with, besides the factor (fixed in its code)
+LLAMA3_CONVERTER = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 _BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -121,9 +131,8 @@ class GGUFModel:
 
     def _check_tensors(self) -> None:
         names = {t.name for t in self.reader.tensors}
-        unknown = sorted(n for n in names if hf_tensor_name(n) is None)
-        if "rope_freqs.weight" in names:
-            raise ModelFormatError(f"{self.path}: unsupported RoPE scaling (rope_freqs tensor; only plain RoPE)")
+        unknown = sorted(n for n in names if hf_tensor_name(n) is None and n != ROPE_FREQS)
+        self.weights = [t for t in self.reader.tensors if t.name != ROPE_FREQS]  # the model's, in file order
         if unknown:
             raise ModelFormatError(f"{self.path}: unsupported tensors {unknown[:6]}"
                                    + (f" and {len(unknown) - 6} more" if len(unknown) > 6 else ""))
@@ -136,9 +145,6 @@ class GGUFModel:
     def _config(self) -> LlamaConfig:
         if experts := self._arch("expert_count", 0):
             raise ModelFormatError(f"{self.path}: unsupported: mixture of experts ({experts} experts)")
-        scaling = self._arch("rope.scaling.type", "none")
-        if scaling != "none" and float(self._arch("rope.scaling.factor", 1.0)) != 1.0:
-            raise ModelFormatError(f"{self.path}: unsupported rope scaling {scaling!r} (only plain RoPE)")
         n_head = self._arch("attention.head_count")
         n_kv = self._arch("attention.head_count_kv", n_head)
         if isinstance(n_kv, list) or isinstance(n_head, list):
@@ -157,8 +163,33 @@ class GGUFModel:
             max_position_embeddings=self._arch("context_length", 2048),
             rms_norm_eps=float(self._arch("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(self._arch("rope.freq_base", 10000.0)),
+            rope_scaling=self._rope_scaling(head_dim, float(self._arch("rope.freq_base", 10000.0))),
             attention_bias=self.model_type == "qwen2" or any(n.endswith("attn_q.bias") for n, _ in self.shapes()),
             tie_word_embeddings=self.tied, model_type=self.model_type)
+
+    def _rope_scaling(self, head_dim: int, theta: float) -> dict[str, Any] | None:
+        """LlamaConfig.rope_scaling from `rope.scaling.*` or the rope_freqs tensor (module docstring)."""
+        kind, factor = self._arch("rope.scaling.type", "none"), float(self._arch("rope.scaling.factor", 1.0))
+        freqs = next((t for t in self.reader.tensors if t.name == ROPE_FREQS), None)
+        if kind not in ("none", "linear") and factor != 1.0:
+            raise ModelFormatError(f"{self.path}: unsupported rope scaling {kind!r} (plain RoPE, linear, llama3)")
+        if kind == "linear" and factor != 1.0:
+            if freqs is not None:
+                raise ModelFormatError(f"{self.path}: unsupported: linear rope scaling and a rope_freqs tensor")
+            return {"rope_type": "linear", "factor": factor}
+        if freqs is None:
+            return None
+        if tuple(int(d) for d in freqs.shape) != (head_dim // 2,):
+            raise ModelFormatError(f"{self.path}: rope_freqs has shape {list(freqs.shape)}, not [{head_dim // 2}]")
+        divisors = torch.from_numpy(dequantize(freqs.data, freqs.tensor_type, (head_dim // 2,)).astype(np.float32))
+        if torch.all(divisors == 1):
+            return None
+        params = {"rope_type": "llama3", "factor": float(divisors.max()), **LLAMA3_CONVERTER}
+        if not torch.allclose(rope_inv_freq(head_dim, theta, params), rope_inv_freq(head_dim, theta) / divisors,
+                              rtol=1e-5, atol=0):
+            raise ModelFormatError(f"{self.path}: unsupported RoPE scaling: rope_freqs that no llama3 parameters "
+                                   f"give (factor {params['factor']:g}, low/high freq factor 1/4, original 8192)")
+        return params
 
     def file_type(self) -> str:
         """The ggml types of the tensors, most common first (e.g. "Q4_1, F32, Q8_0")."""
@@ -169,12 +200,12 @@ class GGUFModel:
 
     def shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """[(Hugging Face name, NumPy shape)] in file order, read from the index alone (no tensor data)."""
-        return [(hf_tensor_name(t.name), tuple(int(d) for d in reversed(t.shape))) for t in self.reader.tensors]
+        return [(hf_tensor_name(t.name), tuple(int(d) for d in reversed(t.shape))) for t in self.weights]
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(Hugging Face name, float32 array in HF layout), one tensor at a time, in `shapes()` order."""
         c = self.config
-        for t, (name, shape) in zip(self.reader.tensors, self.shapes()):
+        for t, (name, shape) in zip(self.weights, self.shapes()):
             w = dequantize(t.data, t.tensor_type, shape)
             if self.permuted and ".self_attn.q_proj." in name:
                 w = unpermute_rows(w, c.n_head)
