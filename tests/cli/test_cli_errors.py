@@ -104,7 +104,7 @@ def model_dir(tmp_path_factory) -> Path:
     return d
 
 
-def test_serve_and_generate_refuse_a_bad_key_file_or_generation_config_at_once(model_dir, tmp_path):
+def test_serve_and_generate_refuse_a_bad_key_file_generation_config_or_template_at_once(model_dir, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("not-a-hash\n")
     assert_one_line_error(_run("serve", "--model", str(model_dir), "--port", "0", "--api-key-file", str(keys)),
@@ -116,6 +116,9 @@ def test_serve_and_generate_refuse_a_bad_key_file_or_generation_config_at_once(m
                           "generation_config.json: temperature must be in [0.0, 2.0], got 7")
     assert_one_line_error(_run("generate", "--model", str(bad), "--prompt", "abc"),  # generate reads it too
                           "generation_config.json: temperature must be in [0.0, 2.0], got 7")
+    (bad / "generation_config.json").unlink()
+    (bad / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}")
+    assert_one_line_error(_run("serve", "--model", str(bad), "--port", "0"), "chat template does not parse (line 1)")
 
 
 def test_hash_key_reads_keys_from_stdin_one_per_line():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tinystack.infer.chat import ChatFormatter, chat_formatter, encode_chat, load_chat_template
+from tinystack.infer.chat import ChatFormatter, ChatTemplateError, chat_formatter, encode_chat, load_chat_template
 from tinystack.tokenizer import load_tokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -65,3 +65,29 @@ def test_a_formatter_leaves_the_tokenizer_ready_to_encode_chats(chat_dir, monkey
     ids = encode_chat(tok, fmt.render([{"role": "user", "content": "hello"}]))
     assert ids[0] == 1 and not built  # no encoder built in the request's path
 
+
+
+# what real templates use beyond plain Jinja: {% break %} (loopcontrols), tojson on non-ASCII text, strftime_now
+# (Llama 3.1+ write today's date), raise_exception
+RICH = ("{%- set date = strftime_now('%d %b %Y') if strftime_now is defined else 'no date' -%}"
+        "<|im_start|>system\nToday: {{ date }} {{ {'note': 'café <b>'} | tojson }}<|im_end|>\n"
+        "{%- for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+        "{% if loop.index > 3 %}{% break %}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_templates_render_as_transformers_renders_them(chat_dir):
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(chat_dir / "tokenizer.json"))
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "naïve?"},
+            {"role": "assistant", "content": "yes"}, {"role": "user", "content": "more"},
+            {"role": "assistant", "content": "cut by the break"}]
+    ours = ChatFormatter(RICH).render(msgs)
+    assert ours == tok.apply_chat_template(msgs, chat_template=RICH, tokenize=False, add_generation_prompt=True)
+    assert "no date" not in ours and '"café <b>"' in ours and "cut by the break" not in ours
+
+
+def test_a_template_that_does_not_parse_is_named():
+    with pytest.raises(ChatTemplateError, match=r"chat template does not parse \(line 1\): Unexpected end of template"):
+        ChatFormatter("{% for m in messages %}")

@@ -3,7 +3,8 @@
     chat_template.jinja, or "chat_template"    -> render it with Jinja2 in a sandbox, as
     in tokenizer_config.json                      Hugging Face's apply_chat_template does
                                                   (messages, add_generation_prompt,
-                                                  bos_token, eos_token, raise_exception)
+                                                  bos_token, eos_token, raise_exception,
+                                                  strftime_now, tojson, {% break %})
     otherwise                                  -> "system: ...\\nuser: ...\\nassistant:"
 
 A template that fails to render (bad template, or it rejects the conversation via
@@ -18,10 +19,12 @@ apply_chat_template(tokenize=True); a plain completion prompt keeps them as text
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -60,15 +63,29 @@ def message_text(content: Any) -> str:
     return "".join(part.text for part in content)
 
 
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatFormatter:
     def __init__(self, template: str | None, bos_token: str = "", eos_token: str = "") -> None:
         self.template_source = template
         self.bos_token, self.eos_token = bos_token, eos_token
         self._template = None
         if template is not None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            self._template = env.from_string(template)
+            # the environment transformers' apply_chat_template gives a template: {% break %} / {% continue %},
+            # a tojson that keeps non-ASCII text and does not HTML-escape, strftime_now (Llama 3.1+ templates
+            # write today's date with it, else a fixed one), raise_exception
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+            env.filters["tojson"] = _tojson
+            env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+            try:
+                self._template = env.from_string(template)
+            except TemplateError as e:  # a template that does not even parse: named when the model is loaded
+                line = getattr(e, "lineno", None)
+                raise ChatTemplateError(f"chat template does not parse{f' (line {line})' if line else ''}: "
+                                        f"{' '.join(str(e).split())}") from None
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """messages: [{"role", "content"}] (content already text) -> the prompt to continue (or, with

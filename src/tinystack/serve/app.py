@@ -27,7 +27,7 @@ from fastapi import FastAPI
 
 from tinystack.atomic import read_json
 from tinystack.config import ServeConfig
-from tinystack.infer.chat import chat_formatter
+from tinystack.infer.chat import ChatFormatter, ChatTemplateError, chat_formatter, load_chat_template
 from tinystack.infer.generation_config import sampling_defaults
 from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
@@ -50,10 +50,14 @@ logger = logging.getLogger("tinystack.serve")
 
 
 def checked_inputs(cfg: ServeConfig, model_dir: str | Path | None) -> tuple[KeyChecker, dict[str, Any]]:
-    """What the server reads from files besides the model: the API keys and the model's sampling defaults
-    (infer/generation_config.py). Raises ValueError naming the file and line for a bad one, before anything
-    starts (in the app's start-up it would surface as a traceback)."""
+    """What the server reads from files besides the weights: the API keys, the chat template (parsed here, to
+    check it) and the model's sampling defaults (infer/generation_config.py). Raises ValueError naming the file
+    and what is wrong, before anything starts (in the app's start-up it would surface as a traceback)."""
     keys = KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file))
+    try:
+        ChatFormatter(load_chat_template(model_dir))
+    except ChatTemplateError as e:
+        raise ValueError(f"{model_dir}: {e}") from None
     return keys, sampling_defaults(model_dir) if cfg.model_sampling_defaults else {}
 
 
