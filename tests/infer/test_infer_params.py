@@ -27,6 +27,28 @@ def test_penalties_match_their_definitions():
     assert kept.tolist() == [[True, True, True, False]]  # 0.05 < 0.2 * 0.5
 
 
+def test_logit_bias_adds_to_the_logits_after_the_penalties():
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    both = apply_penalties(logits, SamplingParams(repetition_penalty=2.0, logit_bias={1: 5.0, 3: -100}), [0], [])
+    assert both.tolist() == [1.0, -1.0 + 5.0, 0.5, 3.0 - 100]  # the penalty first (2 / 2), then the bias
+    assert SamplingParams(logit_bias={3: 1, 0: -1}).logit_bias == ((0, -1.0), (3, 1.0))  # hashable, sorted
+    for bad in ({0: 101.0}, {-1: 1.0}):
+        with pytest.raises(ValueError, match="logit_bias"):
+            SamplingParams(logit_bias=bad)
+
+
+def test_logit_bias_steers_greedy_and_sampled_rows_in_the_engine(llm):
+    free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].token_ids
+    banned = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                  logit_bias={t: -100 for t in set(free)}))[0].token_ids
+    assert not set(banned) & set(free)  # none of the free run's tokens is chosen any more
+    forced = llm.generate(["abc", "xyz"], SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True,
+                                                         logit_bias={42: 100}))
+    assert all(o.token_ids == [42] * 8 for o in forced)  # +100 dominates every draw, in a batch of two
+    with pytest.raises(ValueError, match="logit_bias names token 211"):
+        llm.generate(["abc"], SamplingParams(logit_bias={211: 1.0}))  # checked when added, not mid-step
+
+
 def test_greedy_with_repetition_penalty_avoids_the_repeat():
     logits = torch.tensor([[0.0, 5.0, 4.0]])
     tok, _ = sample_batch(logits, [SampleRow(SamplingParams(temperature=0, repetition_penalty=3.0), None, [], [1])])

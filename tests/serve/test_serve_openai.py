@@ -170,3 +170,20 @@ def test_model_sampling_defaults_off_keeps_the_apis_own(serve, engine, tmp_path)
                        json={"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, "seed": s})
         texts.add(r.json()["choices"][0]["text"])
     assert len(texts) > 1
+
+
+def test_logit_bias_steers_the_answer_and_bad_keys_are_400(serve, engine):
+    served = serve(engine)
+    tok = engine.engine.tokenizer
+    token = tok.encode_ordinary(" the")[0]
+    r = httpx.post(f"{served.url}/v1/completions", timeout=10, json={
+        "prompt": PROMPT, "max_tokens": 5, "ignore_eos": True, "seed": 1, "logit_bias": {str(token): 100}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == tok.decode([token] * 5)  # +100 wins every draw
+    for bias, message in [({"the": 1}, "'the' is not a token id"), ({str(tok.vocab_size): 1}, "is not a token id"),
+                          ({"-1": 1}, "is not a token id"), ({str(token): 150}, "must be in [-100, 100]")]:
+        r = httpx.post(f"{served.url}/v1/chat/completions", timeout=10, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logit_bias": bias})
+        assert r.status_code == 400, (bias, r.text)
+        err = r.json()["error"]
+        assert err["param"] == "logit_bias" and message in err["message"], err

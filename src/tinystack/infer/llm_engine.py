@@ -124,11 +124,14 @@ class LLMEngine:
     def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
         """Tokenise and check a request without touching engine state (safe from another thread).
 
-        Raises PromptError (see encode_prompt), or AdmissionError (with the numbers) if it can
-        never fit the cache."""
+        Raises PromptError (see encode_prompt), AdmissionError (with the numbers) if it can
+        never fit the cache, or ValueError for a logit_bias token outside the vocabulary."""
         if request_id is None:
             request_id, self._counter = f"req-{self._counter}", self._counter + 1
         ids = self.encode_prompt(prompt)
+        if params.logit_bias and params.logit_bias[-1][0] >= self.model.config.vocab_size:  # sorted by id
+            raise ValueError(f"logit_bias names token {params.logit_bias[-1][0]}; the model's vocabulary has "
+                             f"{self.model.config.vocab_size} tokens")
         max_new = min(params.max_tokens, self.max_seq_len - len(ids))
         self.budget.admit(len(ids), max_new)
         gen = None

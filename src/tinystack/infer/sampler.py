@@ -2,7 +2,8 @@
 
 Order of operations (the same as Hugging Face's and vLLM's):
     penalties: repetition (prompt + output tokens: positive logits / p, negative * p),
-               presence and frequency (output tokens: - presence - frequency * count)
+               presence and frequency (output tokens: - presence - frequency * count),
+               then logit_bias (OpenAI's: a bias per token id added to its logit; -100 bans it in effect)
     temperature < 1e-5: greedy (argmax of the penalised logits), the other knobs are ignored
                (as vLLM: dividing by a subnormal temperature overflows to inf and NaN)
     else: / temperature -> top-k -> top-p (smallest set reaching mass p, at least the top
@@ -45,6 +46,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     ignore_eos: bool = False  # keep going past EOS (benchmarks), still stopping at max_tokens
     logprobs: int | None = None  # None = off; n = the chosen token's logprob plus the n most likely
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); a dict is accepted
 
     def __post_init__(self) -> None:
         # lists are accepted for convenience; stored as tuples so params stay hashable and frozen
@@ -52,6 +54,10 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in self.logit_bias):
+            raise ValueError("logit_bias maps token ids (>= 0) to biases in [-100, 100]")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
@@ -104,7 +110,8 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
                     output_ids: Sequence[int]) -> torch.Tensor:
-    """One row of logits [V] with the repetition / presence / frequency penalties applied (a new tensor)."""
+    """One row of logits [V] with the repetition / presence / frequency penalties and the logit bias applied
+    (a new tensor)."""
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.long, device=logits.device)
         if seen.numel():
@@ -115,11 +122,16 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
         counts = torch.bincount(torch.tensor(list(output_ids), device=logits.device), minlength=logits.numel())
         counts = counts[: logits.numel()].to(logits.dtype)
         logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)
+    if params.logit_bias:  # ids checked against the vocabulary when the request was added (LLMEngine)
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long, device=logits.device)
+        bias = torch.tensor([b for _, b in params.logit_bias], dtype=logits.dtype, device=logits.device)
+        logits = logits.index_add(0, ids, bias)
     return logits
 
 
 def has_penalties(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+    """Anything apply_penalties changes (such rows are processed one by one and never speculated)."""
+    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty) or bool(p.logit_bias)
 
 
 @dataclass

@@ -48,6 +48,8 @@ class _Sampling(RequestBody):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = Field(None, max_length=256)
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100], "
+                                                                 "added to its logit before sampling.")
     # extras (vLLM names)
     top_k: int = Field(0, ge=-1, description="0 or -1 = off.")
     min_p: float = Field(0.0, ge=0.0, le=1.0)

@@ -99,10 +99,26 @@ def with_model_defaults(state: ServerState, body: Any, **sampling: Any) -> dict[
             for k, v in sampling.items()}
 
 
+def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"50256": -100}) as SamplingParams takes it; a key that is not a token id of this
+    model's vocabulary, or a bias outside [-100, 100], is a 400 naming it."""
+    out = []
+    vocab = state.adapter.tokenizer.vocab_size
+    for key, value in (bias or {}).items():
+        if not key.isdigit() or int(key) >= vocab:
+            raise _param("logit_bias", f"logit_bias key {key[:20]!r} is not a token id of this model's vocabulary "
+                                       f"(0 to {vocab - 1})")
+        if not -100.0 <= value <= 100.0:
+            raise _param("logit_bias", f"logit_bias[{key}] = {value}: a bias must be in [-100, 100]")
+        out.append((int(key), float(value)))
+    return tuple(out)
+
+
 def _common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
     sampling = with_model_defaults(state, body, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                                    min_p=body.min_p, repetition_penalty=body.repetition_penalty)
     return dict(n=body.n, stop=body.stop, timeout=body.timeout, seed=body.seed, **sampling,
+                logit_bias=_logit_bias(state, body.logit_bias),
                 presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                 ignore_eos=body.ignore_eos)
 
