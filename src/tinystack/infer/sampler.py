@@ -77,6 +77,16 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    def bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """logit_bias as (ids, biases) tensors, built once per params (a request may bias thousands of tokens,
+        and the sampler applies them every step). Kept beside the fields: not part of equality or hashing."""
+        cached = self.__dict__.get("_bias")
+        if cached is None:
+            cached = (torch.tensor([t for t, _ in self.logit_bias], dtype=torch.long),
+                      torch.tensor([b for _, b in self.logit_bias], dtype=torch.float32))
+            object.__setattr__(self, "_bias", cached)
+        return cached
+
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Set everything below the k-th largest logit (per row) to -inf. logits [B, V]."""
@@ -123,9 +133,8 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
         counts = counts[: logits.numel()].to(logits.dtype)
         logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).to(logits.dtype)
     if params.logit_bias:  # ids checked against the vocabulary when the request was added (LLMEngine)
-        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long, device=logits.device)
-        bias = torch.tensor([b for _, b in params.logit_bias], dtype=logits.dtype, device=logits.device)
-        logits = logits.index_add(0, ids, bias)
+        ids, bias = params.bias_tensors()
+        logits = logits.index_add(0, ids.to(logits.device), bias.to(logits.device, logits.dtype))
     return logits
 
 
