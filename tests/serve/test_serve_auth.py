@@ -25,6 +25,10 @@ def test_keys_from_env_and_hashed_file(serve, engine, tmp_path, monkeypatch):
             assert r.headers["www-authenticate"] == "Bearer"
         assert c.get("/v1/models").status_code == 401
         assert c.post("/generate", json=BODY).status_code == 401
+        assert c.post("/tokenize", json={"prompt": "x"}).status_code == 401
+        assert c.post("/detokenize", json={"tokens": [1]}).status_code == 401
+        alpha = {"Authorization": "Bearer alpha-key"}
+        assert c.post("/tokenize", json={"prompt": "x"}, headers=alpha).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/ready").status_code == 200  # open by default
     with openai.OpenAI(base_url=f"{served.url}/v1", api_key="beta-key", max_retries=0) as client:
         assert client.completions.create(model="m", prompt="x", max_tokens=2).usage.completion_tokens >= 1

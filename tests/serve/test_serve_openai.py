@@ -187,3 +187,29 @@ def test_logit_bias_steers_the_answer_and_bad_keys_are_400(serve, engine):
         assert r.status_code == 400, (bias, r.text)
         err = r.json()["error"]
         assert err["param"] == "logit_bias" and message in err["message"], err
+
+
+def test_tokenize_gives_the_ids_a_completion_or_chat_runs_and_detokenize_reverses_it(serve, engine):
+    served = serve(engine, max_prompt_chars=200)
+    tok = engine.engine.tokenizer
+    r = httpx.post(f"{served.url}/tokenize", json={"prompt": PROMPT}, timeout=10)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["tokens"] == tok.encode_ordinary(PROMPT) and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == engine.engine.max_seq_len
+    done = httpx.post(f"{served.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}, timeout=10).json()
+    assert done["usage"]["prompt_tokens"] == body["count"]
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "return the value"}]
+    chat = httpx.post(f"{served.url}/tokenize", json={"messages": messages}, timeout=10).json()
+    answered = httpx.post(f"{served.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 1},
+                          timeout=10).json()
+    assert chat["count"] == answered["usage"]["prompt_tokens"]  # the chat as it is served, template included
+    back = httpx.post(f"{served.url}/detokenize", json={"tokens": body["tokens"]}, timeout=10)
+    assert back.status_code == 200 and back.json()["prompt"] == tok.decode(body["tokens"])
+    for path, payload, status, param in [
+            ("/detokenize", {"tokens": [tok.vocab_size]}, 400, "tokens"),
+            ("/tokenize", {}, 400, "prompt"),
+            ("/tokenize", {"prompt": "a", "messages": messages}, 400, "prompt"),
+            ("/tokenize", {"prompt": "x" * 201}, 413, "prompt")]:
+        r = httpx.post(f"{served.url}{path}", json=payload, timeout=10)
+        assert r.status_code == status and r.json()["error"]["param"] == param, (path, payload, r.text)

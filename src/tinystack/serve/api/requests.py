@@ -156,9 +156,9 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
 INLINE_CHARS = 2_000  # shorter prompts tokenize in well under a millisecond: no thread hop
 
 
-async def prepare_off_loop(fn: Any, state: ServerState, body: Any, prompt_chars: int) -> Prepared:
-    """Run a prepare_* on the event loop for a short prompt, in a thread for a long one
-    (tokenizing a long prompt must not block the loop; a thread hop costs more than a short one)."""
+async def prepare_off_loop(fn: Any, state: ServerState, body: Any, prompt_chars: int) -> Any:
+    """Run fn(state, body) (a prepare_*, or /tokenize's) on the event loop for a short prompt, in a thread for a
+    long one (tokenizing a long prompt must not block the loop; a thread hop costs more than a short one)."""
     if prompt_chars <= INLINE_CHARS:
         return fn(state, body)
     return await asyncio.to_thread(fn, state, body)

@@ -4,6 +4,7 @@
     POST /v1/completions         OpenAI completions, whole or streamed (SSE)
     POST /v1/chat/completions    OpenAI chat completions, whole or streamed (SSE)
     GET  /v1/models              the one model served
+    POST /tokenize  /detokenize  the ids a prompt or chat runs as, and back (vLLM's; tokenize.py)
     GET  /health  /ready            open unless cfg.open_health is false
     GET  /metrics                   Prometheus text format (tinystack.observe.metrics); open likewise
     GET  /metrics.json              the counters and settings as JSON (the serving layer's own view)
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tinystack.observe.metrics import CONTENT_TYPE
-from tinystack.serve.api import openai_service, service
+from tinystack.serve.api import openai_service, service, tokenize
 from tinystack.serve.api.deps import Caller, Context, State, Validated, open_or_caller
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -120,6 +121,20 @@ async def chat_completions(request: Request, body: ChatCompletionRequest, state:
     chars = sum(len(m.content) if isinstance(m.content, str) else 1000 for m in body.messages)
     prep = await prepare_off_loop(prepare_chat, state, body, chars)
     return await _openai(request, state, ctx, who, "chat", prep)
+
+
+@router.post("/tokenize", response_model=tokenize.TokenizeResponse, responses=_ERRORS)
+async def tokenize_prompt(body: tokenize.TokenizeRequest, state: State, who: Caller) -> Any:
+    """The token ids /v1/completions (`prompt`) or /v1/chat/completions (`messages`) would run."""
+    chars = len(body.prompt or "") + sum(len(m.content) if isinstance(m.content, str) else 1000
+                                         for m in body.messages or [])
+    return await prepare_off_loop(tokenize.tokenize, state, body, chars)
+
+
+@router.post("/detokenize", response_model=tokenize.DetokenizeResponse, responses=_ERRORS)
+async def detokenize_ids(body: tokenize.DetokenizeRequest, state: State, who: Caller) -> Any:
+    """The text of token ids."""
+    return await prepare_off_loop(tokenize.detokenize, state, body, len(body.tokens))
 
 
 @router.get("/v1/models", responses=_ERRORS)

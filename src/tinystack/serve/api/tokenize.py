@@ -1,0 +1,80 @@
+"""POST /tokenize and /detokenize (vLLM's extra endpoints): the token ids the server runs, and back.
+
+    /tokenize   {"prompt": str} | {"messages": [...], "add_generation_prompt": true}
+                -> {"count", "max_model_len", "tokens"}: exactly the ids /v1/completions (a prompt) or
+                   /v1/chat/completions (messages, rendered by the model's chat template) would run, so a
+                   client can count a prompt against the context, or find the ids to give `logit_bias`
+    /detokenize {"tokens": [ids]} -> {"prompt": text}; an id outside the vocabulary is a 400 naming it
+
+Both behind the API key like the generation routes (they reveal nothing a completion does not); the
+prompt's length limit (max_prompt_chars, 413) applies, as it does to a completion.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
+from tinystack.serve.api.errors import ApiError
+from tinystack.serve.api.openai_schemas import ChatMessage
+from tinystack.serve.api.schemas import STRICT
+from tinystack.serve.state import ServerState
+
+
+class TokenizeRequest(BaseModel):
+    """A completion prompt or a chat's messages (exactly one)."""
+
+    model_config = STRICT
+    model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_generation_prompt: bool = Field(True, description="Messages only: end with the assistant's turn opening, "
+                                                          "as a chat completion does.")
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = STRICT
+    model: str | None = Field(None, max_length=256)
+    tokens: list[int] = Field(max_length=1_000_000)
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
+    if (body.prompt is None) == (body.messages is None):
+        raise ApiError(400, "give exactly one of prompt and messages", "invalid_value", param="prompt")
+    tokenizer = state.adapter.tokenizer
+    if body.prompt is not None:
+        _check_chars(state, len(body.prompt))
+        ids = tokenizer.encode_ordinary(body.prompt)
+    else:
+        messages = [{"role": m.role, "content": message_text(m.content)} for m in body.messages]
+        _check_chars(state, sum(len(m["content"]) for m in messages))
+        try:
+            prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt)
+        except ChatTemplateError as e:
+            raise ApiError(400, str(e), "invalid_value", param="messages") from None
+        ids = encode_chat(tokenizer, prompt)
+    return TokenizeResponse(count=len(ids), max_model_len=state.adapter.max_seq_len, tokens=ids)
+
+
+def detokenize(state: ServerState, body: DetokenizeRequest) -> DetokenizeResponse:
+    vocab = state.adapter.tokenizer.vocab_size
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"token {bad} is not in this model's vocabulary (0 to {vocab - 1})", "invalid_value",
+                       param="tokens")
+    return DetokenizeResponse(prompt=state.adapter.tokenizer.decode(body.tokens))
+
+
+def _check_chars(state: ServerState, chars: int) -> None:
+    if chars > state.cfg.max_prompt_chars:
+        raise ApiError(413, f"prompt is {chars} characters; the limit is {state.cfg.max_prompt_chars}",
+                       "prompt_too_many_chars", param="prompt")
