@@ -5,7 +5,7 @@ import pytest
 from infer_helpers import ToyTokenizer, _hf_model
 
 
-@pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2"])
+@pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2", "qwen3"])
 def family(request, tmp_path_factory):
     """(kind, HF model, model directory it was saved to)."""
     hf = _hf_model(request.param)

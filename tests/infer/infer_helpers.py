@@ -34,6 +34,16 @@ def _hf_model(kind: str, seed: int = 0):
         cfg = transformers.LlamaConfig(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
                                        num_key_value_heads=2, max_position_embeddings=160, **common)
         return transformers.LlamaForCausalLM(cfg).eval()
+    if kind == "qwen3":  # per-head q/k norms (random gains, so they matter), head_dim given apart from hidden
+        cfg = transformers.Qwen3Config(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, max_position_embeddings=160,
+                                       tie_word_embeddings=True, **common)
+        model = transformers.Qwen3ForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+        return model
     cfg = transformers.Qwen2Config(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=160, tie_word_embeddings=True,
                                    **common)

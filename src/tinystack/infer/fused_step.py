@@ -58,6 +58,8 @@ class FusedStep:
         if kernels.default_path() == "torch" or kernels.extension() is None:
             return None
         cfg = model.config
+        if getattr(cfg, "qk_norm", False):
+            return None  # Qwen3's per-head q/k norms are not in the C++ step: the model's own forward runs them
         norms, kinds, parts = [], [], []
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp

@@ -13,6 +13,7 @@ gguf_dequant.py). `gguf.GGUFReader` parses the container (plumbing); the mapping
     blk.N.attn_{norm,q,k,v,output}                                model.layers.N.input_layernorm,
                                                                   model.layers.N.self_attn.{q,k,v,o}_proj
     blk.N.ffn_{norm,gate,up,down}                                 model.layers.N.post_attention_layernorm, mlp.*_proj
+    blk.N.attn_{q,k}_norm (qwen3)                                 model.layers.N.self_attn.{q,k}_norm
 
 GGUF stores dims fastest-first (`[in, out]` for a weight); NumPy's shape is that reversed.
 
@@ -48,7 +49,7 @@ from tinystack.model.io import ModelFormatError
 from tinystack.model.llama import LlamaConfig, rope_inv_freq
 
 # GGUF architecture -> (our model_type, are Q/K rows permuted?)
-ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False)}
+ARCHITECTURES = {"llama": ("llama", True), "qwen2": ("qwen2", False), "qwen3": ("qwen3", False)}
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+'s RoPE scaling: one divisor per frequency (module docstring)
 # the llama3 parameters llama.cpp's converter computes rope_freqs with, besides the factor (fixed in its code)
 LLAMA3_CONVERTER = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -57,7 +58,7 @@ _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight
 _BLOCK = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj"}
+          "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _MISSING = object()
 
@@ -164,7 +165,8 @@ class GGUFModel:
             rms_norm_eps=float(self._arch("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(self._arch("rope.freq_base", 10000.0)),
             rope_scaling=self._rope_scaling(head_dim, float(self._arch("rope.freq_base", 10000.0))),
-            attention_bias=self.model_type == "qwen2" or any(n.endswith("attn_q.bias") for n, _ in self.shapes()),
+            attention_bias=self.model_type == "qwen2" or any(t.name.endswith("attn_q.bias") for t in self.weights),
+            qk_norm=self.model_type == "qwen3",
             tie_word_embeddings=self.tied, model_type=self.model_type)
 
     def _rope_scaling(self, head_dim: int, theta: float) -> dict[str, Any] | None:

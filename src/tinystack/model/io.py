@@ -9,7 +9,7 @@
 Because config and weights follow GPT-2's layout exactly, a directory written here
 loads in `transformers.GPT2LMHeadModel.from_pretrained`, and a Hugging Face GPT-2
 safetensors checkpoint loads here. Llama-family checkpoints (model_type "llama",
-"qwen2", "mistral" without sliding windows) load into `model.llama.Llama`; weights may
+"qwen2", "qwen3" (per-head q/k norms), "mistral"; without sliding windows) load into `model.llama.Llama`; weights may
 be one `model.safetensors` or shards listed in `model.safetensors.index.json`. A Llama
 is saved in the same Hugging Face layout (its parameter names are already HF's), so a
 fine-tuned Llama is an ordinary model directory. Every file is written atomically.
@@ -34,7 +34,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 LINEAGE_FILE = "tinystack.json"
 INDEX_FILE = "model.safetensors.index.json"
-LLAMA_TYPES = ("llama", "qwen2", "mistral")
+LLAMA_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 SUPPORTED_TYPES = ("gpt2",) + LLAMA_TYPES
 
 # GPT-2 stores these as Conv1D, i.e. the transpose of torch.nn.Linear's [out, in].
@@ -133,6 +133,8 @@ def llama_config_from_hf(hf: dict[str, Any]) -> LlamaConfig:
         raise ModelFormatError(f"unsupported hidden_act {hf['hidden_act']!r} (only 'silu')")
     if model_type == "mistral" and hf.get("sliding_window"):
         raise ModelFormatError("unsupported: mistral sliding_window attention")
+    if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+        raise ModelFormatError(f"unsupported: {model_type} use_sliding_window attention")
     try:
         return LlamaConfig(
             vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], intermediate_size=hf["intermediate_size"],
@@ -141,6 +143,7 @@ def llama_config_from_hf(hf: dict[str, Any]) -> LlamaConfig:
             max_position_embeddings=hf.get("max_position_embeddings", 2048), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0), rope_scaling=rope_scaling,
             attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
             mlp_bias=bool(hf.get("mlp_bias", False)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             model_type=model_type)
     except KeyError as e:
@@ -152,7 +155,8 @@ def llama_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None,
     """LlamaConfig -> config.json as transformers writes it for LlamaForCausalLM / Qwen2ForCausalLM.
 
     `rope_theta` at the top level: transformers 4.x reads it there and 5.x moves it into rope_parameters."""
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "mistral": "MistralForCausalLM"}
     return {
         "model_type": cfg.model_type, "architectures": [arch[cfg.model_type]], "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.n_layer,
@@ -178,9 +182,15 @@ def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     raise ModelFormatError(f"{model_dir}: missing {WEIGHTS_FILE}")
 
 
+# tensors a checkpoint may carry that change nothing: RoPE's and GPT-2's attention-mask buffers (older files)
+_HARMLESS_EXTRA = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+
+
 def check_tensor_shapes(model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], where: Path | str) -> list[str]:
-    """Every tensor `model` needs is in `shapes` with its shape, else ModelFormatError naming them; returns
-    the names needed (a tied head is not). `model` may live on the meta device: only shapes are read."""
+    """Every tensor `model` needs is in `shapes` with its shape, and every tensor in `shapes` has a place in
+    `model` (a weight dropped would leave a different model than the file's: a wrong model_type, say), else
+    ModelFormatError naming them; returns the names needed (a tied head is not: a copy of it in the file is
+    ignored, as are _HARMLESS_EXTRA buffers). `model` may live on the meta device: only shapes are read."""
     own = model.state_dict()
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", isinstance(model, GPT)) else set()
     expected = [k for k in own if k not in tied]
@@ -188,6 +198,10 @@ def check_tensor_shapes(model: torch.nn.Module, shapes: dict[str, tuple[int, ...
     if missing:
         raise ModelFormatError(f"{where}: missing tensors {missing[:8]}"
                                + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    extra = sorted(k for k in shapes if k not in own and not k.endswith(_HARMLESS_EXTRA))
+    if extra:
+        raise ModelFormatError(f"{where}: tensors the {getattr(model.config, 'model_type', 'gpt2')} model has no "
+                               f"place for: {extra[:6]}" + (f" and {len(extra) - 6} more" if len(extra) > 6 else ""))
     for k in expected:
         if tuple(shapes[k]) != tuple(own[k].shape):
             raise ModelFormatError(f"{where}: tensor {k} has shape {tuple(shapes[k])}, "

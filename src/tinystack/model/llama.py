@@ -45,6 +45,7 @@ class LlamaConfig:
     # "high_freq_factor", "original_max_position_embeddings"} (Llama 3.1 / 3.2): rope_inv_freq scales the frequencies
     rope_scaling: dict[str, Any] | None = None
     attention_bias: bool = False  # Qwen2: True (q, k, v projections carry biases)
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k (weights [head_dim]) before RoPE
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     model_type: str = "llama"
@@ -131,7 +132,10 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.n_head * hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.n_kv_head * hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.n_head * hd, cfg.hidden_size, bias=False)
+        # attention_bias: Llama / Mistral / Qwen3 put a bias on all four projections, Qwen2 on q, k, v only
+        self.o_proj = nn.Linear(cfg.n_head * hd, cfg.hidden_size, bias=cfg.attention_bias and cfg.model_type != "qwen2")
+        if cfg.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(hd, cfg.rms_norm_eps), RMSNorm(hd, cfg.rms_norm_eps)
         self.fused = False
 
     def fuse(self) -> None:
@@ -142,7 +146,7 @@ class Attention(nn.Module):
                 kv_cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
         c = self.cfg
-        if self.fused and kv_cache is None and fused_ops.active(x):  # bf16 training: one pass each way
+        if self.fused and kv_cache is None and fused_ops.active(x) and not c.qk_norm:  # bf16 training: one pass
             qkv = self.qkv_proj(x).view(B, T, c.n_head + 2 * c.n_kv_head, c.head_dim)
             q, k, v = fused_ops.rope_split(qkv, cos, sin, c.n_head, c.n_kv_head)  # float32 [B, heads, T, hd]
             y = causal_attention(q, k, v, self.layer_idx).transpose(1, 2)  # [B, T, nh, hd], bf16 or float32
@@ -152,11 +156,17 @@ class Attention(nn.Module):
             return self.o_proj(y.view(B, T, c.n_head * c.head_dim))
         if self.fused:
             qkv = self.qkv_proj(x).view(B, T, c.n_head + 2 * c.n_kv_head, c.head_dim)
-            q, k = apply_rotary(qkv[:, :, :c.n_head + c.n_kv_head], cos, sin).split([c.n_head, c.n_kv_head], dim=2)
+            qk = qkv[:, :, :c.n_head + c.n_kv_head]
+            if c.qk_norm:
+                qk = torch.cat([self.q_norm(qk[:, :, :c.n_head]), self.k_norm(qk[:, :, c.n_head:])], dim=2)
+            q, k = apply_rotary(qk, cos, sin).split([c.n_head, c.n_kv_head], dim=2)
             v = qkv[:, :, c.n_head + c.n_kv_head:]
         else:
-            q = apply_rotary(self.q_proj(x).view(B, T, c.n_head, c.head_dim), cos, sin)
-            k = apply_rotary(self.k_proj(x).view(B, T, c.n_kv_head, c.head_dim), cos, sin)
+            q = self.q_proj(x).view(B, T, c.n_head, c.head_dim)
+            k = self.k_proj(x).view(B, T, c.n_kv_head, c.head_dim)
+            if c.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             v = self.v_proj(x).view(B, T, c.n_kv_head, c.head_dim)
         y = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.layer_idx, kv_cache)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, c.n_head * c.head_dim))
