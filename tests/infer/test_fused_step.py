@@ -24,11 +24,11 @@ from tinystack.model.llama import Llama, LlamaConfig
 pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
 
 
-def _llama(bias: bool, fmt: str, seed: int = 0, rope_scaling: dict | None = None) -> Llama:
+def _llama(bias: bool, fmt: str, seed: int = 0, rope_scaling: dict | None = None, qk_norm: bool = False) -> Llama:
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, n_layer=3, n_head=6, n_kv_head=2,
                       head_dim=16, max_position_embeddings=256, attention_bias=bias, mlp_bias=bias,
-                      rope_scaling=rope_scaling)
+                      rope_scaling=rope_scaling, qk_norm=qk_norm, model_type="qwen3" if qk_norm else "llama")
     model = Llama(cfg).eval()
     with torch.no_grad():  # random init zeroes biases and sets norm gains to 1; make both matter
         for name, p in model.named_parameters():
@@ -87,10 +87,11 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor, fmt: str) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["float32", *FORMATS])
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias, qk_norm", [(False, False), (True, False), (False, True)],
+                         ids=["llama", "biases", "qwen3-qk-norm"])
 @torch.no_grad()
-def test_fused_step_equals_the_model_forward(fmt, bias):
-    model = _llama(bias, fmt)
+def test_fused_step_equals_the_model_forward(fmt, bias, qk_norm):
+    model = _llama(bias, fmt, qk_norm=qk_norm)  # norm gains random: Qwen3's q/k norms matter
     starts = [0, 9, 30, 3, 17]
     fused, ref, seqs = _prefilled(model, starts, seed=1)
     assert fused.fused is not None and ref.fused is None
@@ -138,10 +139,11 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
                "original_max_position_embeddings": 32}
 
 
-@pytest.mark.parametrize("fmt, rope", [("float32", None), ("q4_1", None), ("float32", LLAMA3_ROPE)],
-                         ids=["float32", "q4_1", "llama3-rope"])
-def test_greedy_generation_with_and_without_the_fused_step(fmt, rope):
-    model = _llama(True, fmt, seed=3, rope_scaling=rope)  # llama3: the fused step rotates by the scaled table
+@pytest.mark.parametrize("fmt, rope, qk_norm", [("float32", None, False), ("q4_1", None, False),
+                                                 ("float32", LLAMA3_ROPE, False), ("q4_1", None, True)],
+                         ids=["float32", "q4_1", "llama3-rope", "qwen3-q4_1"])
+def test_greedy_generation_with_and_without_the_fused_step(fmt, rope, qk_norm):
+    model = _llama(True, fmt, seed=3, rope_scaling=rope, qk_norm=qk_norm)  # llama3: the scaled table
     prompts = random_prompts([3, 17, 1, 40, 9, 25], seed=7)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -58,14 +58,13 @@ class FusedStep:
         if kernels.default_path() == "torch" or kernels.extension() is None:
             return None
         cfg = model.config
-        if getattr(cfg, "qk_norm", False):
-            return None  # Qwen3's per-head q/k norms are not in the C++ step: the model's own forward runs them
         norms, kinds, parts = [], [], []
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp
             if not (attn.fused and mlp.fused):
                 return None  # e.g. LoRA wrappers, which fuse_projections leaves separate
-            for norm in (block.input_layernorm, block.post_attention_layernorm):
+            qk = (attn.q_norm, attn.k_norm) if cfg.qk_norm else ()  # Qwen3: per-head q/k norms
+            for norm in (block.input_layernorm, block.post_attention_layernorm, *qk):
                 if norm.weight.dtype != torch.float32:
                     return None
                 norms.append(norm.weight.detach())

@@ -2,7 +2,8 @@
 // speculative verification rows, short prefill chunks).
 //
 // Per layer, for the tokens' residual stream x [N, H] (float32):
-//   h = rms(x) * g_in;   qkv = h @ Wqkv^T (+ b);   q and k heads rotated at each row's position (rope tables)
+//   h = rms(x) * g_in;   qkv = h @ Wqkv^T (+ b);   (Qwen3: each q and k head RMS-normed, gains g_q / g_k [hd])
+//   q and k heads rotated at each row's position (rope tables)
 //   k, v written to the row's slot in the paged cache;  each query head attends over its row's keys 0..its position,
 //   read in place through the block table (no gather);  x += attn @ Wo^T
 //   h = rms(x) * g_post;  [g | u] = h @ Wgu^T;  x += (silu(g) * u) @ Wdown^T
@@ -33,7 +34,7 @@ struct Lin {  // F32: a = w [N, K] (any strides); BF16: a = w [N, Kp]; block for
 };
 
 struct Layer {
-  const float *in_norm, *post_norm;
+  const float *in_norm, *post_norm, *q_norm = nullptr, *k_norm = nullptr;  // q/k: Qwen3's per-head norms
   Lin qkv, o, gate_up, down;
 };
 
@@ -116,26 +117,30 @@ void attend_plain(const float* q, const float* K, const float* V, const int64_t*
 
 class FusedLayers {
  public:
-  // dims = {n_layer, hidden, n_head, n_kv_head, head_dim, intermediate}; norms = [in_0, post_0, in_1, ...];
+  // dims = {n_layer, hidden, n_head, n_kv_head, head_dim, intermediate}; norms = [in_0, post_0, in_1, ...],
+  // or with per-head q/k norms (Qwen3) [in_0, post_0, q_0, k_0, in_1, ...];
   // per layer 4 linears (qkv, o, gate_up, down), each 4 tensors in `parts` (a, b, c, bias; numel 0 = absent)
   // and a kind in `kinds`; path: 1 AVX-512 kernels, 2 AVX2 (attention in plain C++), 0 plain C++.
   FusedLayers(std::vector<int64_t> dims, double eps, std::vector<torch::Tensor> norms, std::vector<int64_t> kinds,
                std::vector<torch::Tensor> parts, int64_t path)
       : L_(dims.at(0)), H_(dims.at(1)), nh_(dims.at(2)), nkv_(dims.at(3)), hd_(dims.at(4)), I_(dims.at(5)),
         eps_((float)eps), path_((int)path), norms_(std::move(norms)), parts_(std::move(parts)) {
-    TORCH_CHECK((int64_t)norms_.size() == 2 * L_ && (int64_t)kinds.size() == 4 * L_ &&
-                (int64_t)parts_.size() == 16 * L_, "expected 2 norms, 4 linears and 16 parts per layer");
+    const int64_t per = (int64_t)norms_.size() == 4 * L_ ? 4 : 2;  // 4: with q/k norms
+    TORCH_CHECK((int64_t)norms_.size() == per * L_ && (int64_t)kinds.size() == 4 * L_ &&
+                (int64_t)parts_.size() == 16 * L_, "expected 2 (or 4) norms, 4 linears and 16 parts per layer");
     TORCH_CHECK(nh_ % nkv_ == 0, "n_head must be a multiple of n_kv_head");
     TORCH_CHECK(path_available(path_), "kernel path ", path_, " needs a CPU feature this one lacks");
     const int64_t outs[4] = {(nh_ + 2 * nkv_) * hd_, H_, 2 * I_, H_};
     for (int64_t l = 0; l < L_; ++l) {
       Layer y;
-      for (int i = 0; i < 2; ++i) {
-        const auto& g = norms_[2 * l + i];
-        TORCH_CHECK(g.scalar_type() == torch::kFloat32 && g.is_contiguous() && g.numel() == H_, "norm weights");
+      for (int i = 0; i < per; ++i) {
+        const auto& g = norms_[per * l + i];
+        TORCH_CHECK(g.scalar_type() == torch::kFloat32 && g.is_contiguous() && g.numel() == (i < 2 ? H_ : hd_),
+                    "norm weights");
       }
-      y.in_norm = norms_[2 * l].data_ptr<float>();
-      y.post_norm = norms_[2 * l + 1].data_ptr<float>();
+      y.in_norm = norms_[per * l].data_ptr<float>();
+      y.post_norm = norms_[per * l + 1].data_ptr<float>();
+      if (per == 4) y.q_norm = norms_[per * l + 2].data_ptr<float>(), y.k_norm = norms_[per * l + 3].data_ptr<float>();
       Lin* lins[4] = {&y.qkv, &y.o, &y.gate_up, &y.down};
       for (int i = 0; i < 4; ++i) {
         Lin& lin = *lins[i];
@@ -199,6 +204,11 @@ class FusedLayers {
         const float *c = cos.data_ptr<float>() + P[t] * hd_, *s = sin.data_ptr<float>() + P[t] * hd_;
         for (int head = 0; head < nh_ + nkv_; ++head) {
           float* v = qkv.data() + (size_t)t * Q + head * hd_;
+          if (y.q_norm != nullptr) {  // x * rsqrt(mean(x^2) + eps) * g, over the head, before the rotation
+            const float* g = head < nh_ ? y.q_norm : y.k_norm;
+            const float inv = 1.f / std::sqrt(dot(v, v, hd_) / (float)hd_ + eps_);
+            for (int i = 0; i < hd_; ++i) v[i] = g[i] * (v[i] * inv);
+          }
           for (int i = 0; i < hd_; ++i) rot[i] = v[i] * c[i] + v[(i + hd_ / 2) % hd_] * s[i];
           std::memcpy(v, rot.data(), sizeof(float) * hd_);
         }
