@@ -36,13 +36,15 @@ def write_tokenizer(out: Path, vocab_size: int = 300) -> int:
 
 
 def model_dir(out: Path, kind: str = "llama", template: bool = True, seed: int = 0, context: int = 96) -> Path:
-    """A model directory: random weights of `kind` ("llama" | "gpt2"), the tokenizer, ChatML if `template`."""
+    """A model directory: random weights of `kind` ("llama" | "qwen3" | "gpt2"), the tokenizer, ChatML if
+    `template`."""
     out.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(out)
     torch.manual_seed(seed)
-    if kind == "llama":
+    if kind in ("llama", "qwen3"):
         model = Llama(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, n_layer=2, n_head=4,
-                                  n_kv_head=2, max_position_embeddings=context, tie_word_embeddings=True))
+                                  n_kv_head=2, max_position_embeddings=context, tie_word_embeddings=True,
+                                  qk_norm=kind == "qwen3", model_type=kind))
     else:
         model = GPT(GPTConfig(vocab_size=vocab, block_size=context, n_layer=2, n_head=4, n_embd=32))
     save_model(model, out, eos_token_id=SPECIALS.index("<|im_end|>" if template else "<|endoftext|>"))

@@ -37,9 +37,9 @@ def _run(args):
     return CliRunner().invoke(app, args, catch_exceptions=False)
 
 
-@pytest.mark.parametrize("kind, lora", [("llama", 4), ("llama", 0), ("gpt2", 0), ("gpt2", 4)])
+@pytest.mark.parametrize("kind, lora", [("llama", 4), ("llama", 0), ("gpt2", 0), ("gpt2", 4), ("qwen3", 4)])
 def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora):
-    base = model_dir(tmp_path / "base", kind, template=kind == "llama")
+    base = model_dir(tmp_path / "base", kind, template=kind != "gpt2")
     out = tmp_path / "tuned"
     args = ["finetune", "--model", str(base), "--data", str(data), "--out", str(out)]
     args += [a for s in FAST for a in ("--set", s)] + (["--lora", str(lora), "--lora-alpha", "8"] if lora else [])
