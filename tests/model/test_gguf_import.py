@@ -286,3 +286,21 @@ def test_a_llama_file_with_qkv_biases_imports_with_them(tmp_path, bpe):
     assert ours.config.attention_bias
     ids = torch.randint(0, len(bpe[0]), (2, 24), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(_logits(ours, ids), _logits(hf, ids), atol=1e-5, rtol=0)
+
+
+def test_a_files_recommended_sampling_becomes_the_models_defaults(tmp_path, bpe):
+    """general.sampling.* (llama.cpp's converter copies them from generation_config.json) -> generation_config.json,
+    where serve / generate read a model's sampling defaults; a bad value fails the import, naming it."""
+    from tinystack.infer.generation_config import sampling_defaults
+
+    meta = {"general.sampling.temp": 0.6, "general.sampling.top_p": 0.95, "general.sampling.top_k": 20,
+            "general.sampling.penalty_repeat": 1.05}
+    import_model(write_gguf(tmp_path / "m.gguf", hf_model("llama", len(bpe[0])), tokenizer=bpe, meta=meta),
+                 tmp_path / "out")
+    got = sampling_defaults(tmp_path / "out")
+    assert got == pytest.approx({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05})
+    assert json.loads((tmp_path / "out" / "generation_config.json").read_text())["eos_token_id"] == 2
+    bad = write_gguf(tmp_path / "bad.gguf", hf_model("llama", len(bpe[0])), tokenizer=bpe,
+                     meta={"general.sampling.temp": 9.0})
+    with pytest.raises(ModelFormatError, match=r"general.sampling.\*: .*temperature must be in \[0.0, 2.0\], got 9"):
+        import_model(bad, tmp_path / "out2")

@@ -42,6 +42,10 @@ from tinystack.model.io import (
     save_model,
 )
 
+# a GGUF's recommended sampling (general.sampling.*, from the model's generation_config by llama.cpp's converter)
+# -> generation_config.json, where the server and `generate` read a model's sampling defaults
+GGUF_SAMPLING = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                 "penalty_repeat": "repetition_penalty"}
 TOKENIZER_FILE, TOKENIZER_CONFIG, GENERATION_CONFIG, CHAT_TEMPLATE_FILE = (
     "tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
 
@@ -103,6 +107,7 @@ def _check_out(out: Path) -> None:
 
 
 def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
+    from tinystack.infer.generation_config import sampling_defaults
     from tinystack.model.gguf_model import GGUFModel
     from tinystack.model.gguf_tokenizer import build_tokenizer
     from tinystack.model.stream_safetensors import write_streaming
@@ -120,8 +125,14 @@ def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
     write_json(tmp / CONFIG_FILE, llama_hf_config(g.config, ids["bos"], eos_ids))
     tok.save(str(tmp / TOKENIZER_FILE))
     write_json(tmp / TOKENIZER_CONFIG, {**tok_config, "model_max_length": g.config.max_position_embeddings})
-    write_json(tmp / GENERATION_CONFIG, {k: v for k, v in (("bos_token_id", ids["bos"]), ("eos_token_id", eos_ids),
-                                                            ("pad_token_id", ids["padding"])) if v is not None})
+    special = {k: v for k, v in (("bos_token_id", ids["bos"]), ("eos_token_id", eos_ids),
+                                 ("pad_token_id", ids["padding"])) if v is not None}
+    sampling = {hf: g.metadata(f"general.sampling.{key}", None) for key, hf in GGUF_SAMPLING.items()}
+    write_json(tmp / GENERATION_CONFIG, {**special, **{k: v for k, v in sampling.items() if v is not None}})
+    try:  # checked as serve and generate will read them
+        sampling_defaults(tmp)
+    except ValueError as e:
+        raise ModelFormatError(f"{path}: general.sampling.*: {e}") from None
     return {"format": "gguf", "sha256": file_sha256(path), "bytes": path.stat().st_size,
             "tensor_types": g.file_type(), "architecture": g.arch,
             "general.name": g.metadata("general.name", None)}
