@@ -129,9 +129,8 @@ class LLMEngine:
         if request_id is None:
             request_id, self._counter = f"req-{self._counter}", self._counter + 1
         ids = self.encode_prompt(prompt)
-        if params.logit_bias and params.logit_bias[-1][0] >= self.model.config.vocab_size:  # sorted by id
-            raise ValueError(f"logit_bias names token {params.logit_bias[-1][0]}; the model's vocabulary has "
-                             f"{self.model.config.vocab_size} tokens")
+        if params.logit_bias and (top := params.logit_bias[-1][0]) >= (vocab := self.model.config.vocab_size):
+            raise ValueError(f"logit_bias names token {top}; the model's vocabulary has {vocab} tokens")
         max_new = min(params.max_tokens, self.max_seq_len - len(ids))
         self.budget.admit(len(ids), max_new)
         gen = None
