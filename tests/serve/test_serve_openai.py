@@ -204,6 +204,15 @@ def test_tokenize_gives_the_ids_a_completion_or_chat_runs_and_detokenize_reverse
     answered = httpx.post(f"{served.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 1},
                           timeout=10).json()
     assert chat["count"] == answered["usage"]["prompt_tokens"]  # the chat as it is served, template included
+    by_ids = httpx.post(f"{served.url}/v1/completions", timeout=10, json={
+        "prompt": body["tokens"], "max_tokens": 6, "temperature": 0, "ignore_eos": True}).json()  # ids as a prompt
+    by_text = httpx.post(f"{served.url}/v1/completions", timeout=10, json={
+        "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}).json()
+    assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+    assert by_ids["usage"]["prompt_tokens"] == body["count"]
+    r = httpx.post(f"{served.url}/v1/completions", json={"prompt": [1, tok.vocab_size], "max_tokens": 1}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert "is not in this model's vocabulary" in r.json()["error"]["message"]
     back = httpx.post(f"{served.url}/detokenize", json={"tokens": body["tokens"]}, timeout=10)
     assert back.status_code == 200 and back.json()["prompt"] == tok.decode(body["tokens"])
     for path, payload, status, param in [

@@ -55,8 +55,10 @@ def test_the_schema_declares_streams_and_the_rules_between_fields(client):
     assert parts["ChatMessage"]["additionalProperties"] is False
     stop = parts["CompletionRequest"]["properties"]["stop"]["anyOf"]
     assert {"type": "string", "minLength": 1} in stop and any(s.get("maxItems") == 4 for s in stop)
-    prompt_list = next(s for s in parts["CompletionRequest"]["properties"]["prompt"]["anyOf"] if s["type"] == "array")
+    prompt = parts["CompletionRequest"]["properties"]["prompt"]["oneOf"]  # one form each: text, [text], ids
+    prompt_list = next(s for s in prompt if s["type"] == "array" and s["items"]["type"] == "string")
     assert prompt_list["minItems"] == prompt_list["maxItems"] == 1
+    assert {"items": {"type": "integer"}, "minItems": 1, "type": "array"} in prompt
 
 
 def test_what_the_schema_refuses_the_server_refuses(client):
@@ -70,6 +72,7 @@ def test_what_the_schema_refuses_the_server_refuses(client):
         (COMPLETIONS, {"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         (COMPLETIONS, {"prompt": [], "max_tokens": 2}, "prompt"),
         (COMPLETIONS, {"prompt": ["a", "b"], "max_tokens": 2}, "prompt"),
+        (COMPLETIONS, {"prompt": [1, "b"], "max_tokens": 2}, "prompt"),  # neither one text nor token ids
     ]
     for route, body, param in cases:
         r = client.post(route, json=body)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from tinystack.serve.api.schemas import SEED_MAX, STRICT, RequestBody
 
@@ -58,11 +58,22 @@ class _Sampling(RequestBody):
     timeout: float | None = Field(None, gt=0.0, le=3600.0, description="Seconds; only lowers the server's.")
 
 
+def _prompt_kind(value: object) -> str:
+    """Which form of `prompt` a body has, so a refusal speaks of that form only (["a", "b"] is one string too
+    many, not two bad token ids). The tags are the union-branch names errors.py leaves out of `param`."""
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "list[int]"
+    return "list[str]" if isinstance(value, list) else "str"
+
+
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)]] = Field(
-        description="A string, or a list holding one string.")
+    prompt: Annotated[Union[Annotated[str, Tag("str")],
+                            Annotated[list[str], Field(min_length=1, max_length=1), Tag("list[str]")],
+                            Annotated[list[int], Field(min_length=1), Tag("list[int]")]],
+                      Discriminator(_prompt_kind)] = Field(
+        description="A string, a list holding one string, or token ids (as /tokenize gives them).")
     logprobs: int | None = Field(None, ge=0, le=5, description="Logprobs of the chosen and the top-k tokens.")
 
 

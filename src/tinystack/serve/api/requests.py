@@ -132,8 +132,18 @@ def _streaming(prep: Prepared, body: CompletionRequest | ChatCompletionRequest) 
 
 
 def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
-    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]  # a list of one: the schema's rule
-    prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, **_common(state, body))
+    ids = None
+    if isinstance(body.prompt, str):
+        prompt = body.prompt
+    elif isinstance(body.prompt[0], str):
+        prompt = body.prompt[0]  # a list of one: the schema's rule
+    else:  # token ids: run as given (the text is for the log and the character limit)
+        ids, vocab = list(body.prompt), state.adapter.tokenizer.vocab_size
+        if (bad := next((t for t in ids if not 0 <= t < vocab), None)) is not None:
+            raise _param("prompt", f"token {bad} is not in this model's vocabulary (0 to {vocab - 1})")
+        prompt = state.adapter.tokenizer.decode(ids)
+    prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, prompt_ids=ids,
+                   **_common(state, body))
     return _streaming(prep, body)
 
 

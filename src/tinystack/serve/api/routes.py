@@ -109,7 +109,8 @@ async def _openai(request: Request, state: State, ctx: Context, who: str, kind: 
 @router.post("/v1/completions", responses=_STREAMED)
 async def completions(request: Request, body: CompletionRequest, state: State, ctx: Context, who: Caller) -> Any:
     """OpenAI completions; `stream: true` answers with server-sent events ending in `data: [DONE]`."""
-    chars = sum(map(len, body.prompt)) if isinstance(body.prompt, list) else len(body.prompt)
+    chars = len(body.prompt) if isinstance(body.prompt, str) else sum(len(p) if isinstance(p, str) else 4
+                                                                      for p in body.prompt)
     prep = await prepare_off_loop(prepare_completion, state, body, chars)
     return await _openai(request, state, ctx, who, "text", prep)
 
