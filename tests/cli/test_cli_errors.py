@@ -121,6 +121,17 @@ def test_serve_and_generate_refuse_a_bad_key_file_generation_config_or_template_
     assert_one_line_error(_run("serve", "--model", str(bad), "--port", "0"), "chat template does not parse (line 1)")
 
 
+def test_usage_mistakes_inside_a_command_are_one_line(model_dir, tmp_path):
+    """Checked in the command's body (not by the option parser): still one line, not click's framed box."""
+    assert_one_line_error(_run("generate", "--model", str(model_dir)), "give exactly one of --prompt and --chat")
+    bad = tmp_path / "tpl"
+    shutil.copytree(model_dir, bad)
+    (bad / "chat_template.jinja").write_text("{% for m in messages %}")
+    assert_one_line_error(_run("generate", "--model", str(bad), "--chat", "hi"), "--chat: chat template does not parse")
+    assert_one_line_error(_run("eval", "--model", str(model_dir)), "give --model and --data (and/or --tokens)")
+    assert_one_line_error(_run("bench", "serve"), "give exactly one of --url and --model")
+
+
 def test_hash_key_reads_keys_from_stdin_one_per_line():
     proc = _run("hash-key", stdin="first-key\n  second-key \n\n")
     assert proc.returncode == 0, proc.stderr

@@ -20,6 +20,7 @@ import typer
 
 from tinystack.cli_options import config_command
 from tinystack.config import Config
+from tinystack.errors import UserError
 
 app = typer.Typer(add_completion=False, help="Offline metrics of a model directory; `regress` gates on a case file.")
 
@@ -37,7 +38,7 @@ def evaluate(cfg: Config, ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     if model is None or (data is None and tokens is None):
-        raise typer.BadParameter("give --model and --data (and/or --tokens)")
+        raise UserError("give --model and --data (and/or --tokens)")
     from tinystack.eval.stage import stage_eval
 
     stage_eval(cfg, model, tokens, out, data)

@@ -44,7 +44,7 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
     from tinystack.infer.generation_config import FILE, sampling_defaults
 
     if (prompt is None) == (chat is None):
-        raise typer.BadParameter("give exactly one of --prompt and --chat")
+        raise UserError("give exactly one of --prompt and --chat")
 
     given = {k: v for k, v in dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                    repetition_penalty=repetition_penalty).items() if v is not None}
@@ -67,11 +67,11 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
         try:
             request = encode_chat(tok, chat_formatter(model, tok).render(messages))
         except ChatTemplateError as e:
-            raise typer.BadParameter(str(e), param_hint="--chat") from None
+            raise UserError(f"--chat: {e}") from None
     try:
         engine.add_request("cli", request, params)  # the engine's prompt rules: empty -> EOS, context check
     except (PromptError, AdmissionError) as e:
-        raise typer.BadParameter(str(e), param_hint="--chat" if chat is not None else "--prompt") from None
+        raise UserError(f"{'--chat' if chat is not None else '--prompt'}: {e}") from None
     if prompt is not None:
         sys.stdout.write(prompt)
         sys.stdout.flush()
@@ -99,7 +99,7 @@ def bench(cfg: Config, model: Annotated[Path, typer.Option(help="Model directory
     try:
         result = kv_cache_speedup(model, prompt_tokens=prompt_tokens, new_tokens=new_tokens, device=cfg.run.device)
     except (ValueError, FileNotFoundError) as e:  # too long for the context, not a model directory
-        raise typer.BadParameter(str(e)) from None
+        raise UserError(str(e)) from None
     typer.echo(json.dumps(result, indent=2))
     if out:
         write_json(out, result)

@@ -133,7 +133,7 @@ def bench_serve(cfg: Config, url: Annotated[str | None, Opt(help="A running serv
     from tinystack.serve.engine.adapter import load_engine
 
     if (url is None) == (model is None):
-        raise typer.BadParameter("give exactly one of --url and --model")
+        raise UserError("give exactly one of --url and --model")
     rows = []
     with ExitStack() as stack:
         if model is not None:
