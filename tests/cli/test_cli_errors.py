@@ -128,6 +128,9 @@ def test_usage_mistakes_inside_a_command_are_one_line(model_dir, tmp_path):
     shutil.copytree(model_dir, bad)
     (bad / "chat_template.jinja").write_text("{% for m in messages %}")
     assert_one_line_error(_run("generate", "--model", str(bad), "--chat", "hi"), "--chat: chat template does not parse")
+    for _ in range(3):  # refused after the engine started (its KV-prefault thread): still one line, exit 2
+        assert_one_line_error(_run("generate", "--model", str(model_dir), "--prompt", "abcd" * 20),
+                              "--prompt: prompt is 80 tokens; the model's context is 16 tokens")
     assert_one_line_error(_run("eval", "--model", str(model_dir)), "give --model and --data (and/or --tokens)")
     assert_one_line_error(_run("bench", "serve"), "give exactly one of --url and --model")
 

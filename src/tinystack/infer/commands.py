@@ -53,6 +53,13 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
     except ValueError as e:
         raise UserError(str(e)) from None
     m, tok = load_for_inference(model, device=cfg.run.device, **cfg.infer.load_kwargs())
+    request: str | list[int] = prompt or ""
+    if chat is not None:  # the same rendering and tokenisation as /v1/chat/completions and fine-tuning
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": chat}]
+        try:  # before the engine starts its threads: an error exits with nothing running
+            request = encode_chat(tok, chat_formatter(model, tok).render(messages))
+        except ChatTemplateError as e:
+            raise UserError(f"--chat: {e}") from None
     kwargs = {**cfg.infer.engine_kwargs(), "max_num_seqs": 1}  # one prompt: the budget plans for one sequence
     engine = LLMEngine(m, tok, **kwargs, stream_text=True)  # the budget line goes to stderr
     if from_model:
@@ -61,16 +68,11 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
     params = SamplingParams(max_tokens=max_tokens, seed=seed, stop=tuple(stop or ()),
                             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                             ignore_eos=ignore_eos, **{**CLI_SAMPLING, **from_model, **given})
-    request: str | list[int] = prompt or ""
-    if chat is not None:  # the same rendering and tokenisation as /v1/chat/completions and fine-tuning
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": chat}]
-        try:
-            request = encode_chat(tok, chat_formatter(model, tok).render(messages))
-        except ChatTemplateError as e:
-            raise UserError(f"--chat: {e}") from None
     try:
         engine.add_request("cli", request, params)  # the engine's prompt rules: empty -> EOS, context check
     except (PromptError, AdmissionError) as e:
+        # the KV-prefault thread first: exiting while it is inside a C++ call aborts the interpreter (SIGABRT)
+        engine.wait_for_kv_pages()
         raise UserError(f"{'--chat' if chat is not None else '--prompt'}: {e}") from None
     if prompt is not None:
         sys.stdout.write(prompt)
