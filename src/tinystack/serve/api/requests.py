@@ -52,14 +52,26 @@ def _param(name: str, message: str, status: int = 400, code: str = "invalid_valu
     return ApiError(status, message, code, param=name)
 
 
+def check_prompt_chars(state: ServerState, chars: int) -> None:
+    """A prompt over max_prompt_chars characters: 413, before it is tokenized."""
+    if chars > state.cfg.max_prompt_chars:
+        raise _param("prompt", f"prompt is {chars} characters; the limit is {state.cfg.max_prompt_chars}", 413,
+                     "prompt_too_many_chars")
+
+
+def check_token_ids(state: ServerState, ids: list[int], param: str) -> None:
+    """Every id in this model's vocabulary, else a 400 naming the first that is not."""
+    vocab = state.adapter.tokenizer.vocab_size
+    if (bad := next((t for t in ids if not 0 <= t < vocab), None)) is not None:
+        raise _param(param, f"token {bad} is not in this model's vocabulary (0 to {vocab - 1})")
+
+
 def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int = 1, stop: Any = None,
             timeout: float | None = None, prompt_ids: list[int] | None = None, **sampling: Any) -> Prepared:
     """Apply the config-dependent limits; `sampling` are SamplingParams fields; `prompt_ids`: the
     prompt already tokenized (a chat prompt, see infer.chat.encode_chat)."""
     cfg, adapter = state.cfg, state.adapter
-    if len(prompt) > cfg.max_prompt_chars:
-        raise _param("prompt", f"prompt is {len(prompt)} characters; the limit is {cfg.max_prompt_chars}", 413,
-                     "prompt_too_many_chars")
+    check_prompt_chars(state, len(prompt))
     if n > cfg.max_n:
         raise _param("n", f"n must be at most {cfg.max_n}, got {n}")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())  # up to 4 non-empty: the schema's rule
@@ -138,9 +150,8 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
     elif isinstance(body.prompt[0], str):
         prompt = body.prompt[0]  # a list of one: the schema's rule
     else:  # token ids: run as given (the text is for the log and the character limit)
-        ids, vocab = list(body.prompt), state.adapter.tokenizer.vocab_size
-        if (bad := next((t for t in ids if not 0 <= t < vocab), None)) is not None:
-            raise _param("prompt", f"token {bad} is not in this model's vocabulary (0 to {vocab - 1})")
+        ids = list(body.prompt)
+        check_token_ids(state, ids, "prompt")
         prompt = state.adapter.tokenizer.decode(ids)
     prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, prompt_ids=ids,
                    **_common(state, body))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatMessage
+from tinystack.serve.api.requests import check_prompt_chars, check_token_ids
 from tinystack.serve.api.schemas import STRICT
 from tinystack.serve.state import ServerState
 
@@ -52,11 +53,11 @@ def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
         raise ApiError(400, "give exactly one of prompt and messages", "invalid_value", param="prompt")
     tokenizer = state.adapter.tokenizer
     if body.prompt is not None:
-        _check_chars(state, len(body.prompt))
+        check_prompt_chars(state, len(body.prompt))
         ids = tokenizer.encode_ordinary(body.prompt)
     else:
         messages = [{"role": m.role, "content": message_text(m.content)} for m in body.messages]
-        _check_chars(state, sum(len(m["content"]) for m in messages))
+        check_prompt_chars(state, sum(len(m["content"]) for m in messages))
         try:
             prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt)
         except ChatTemplateError as e:
@@ -66,15 +67,5 @@ def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
 
 
 def detokenize(state: ServerState, body: DetokenizeRequest) -> DetokenizeResponse:
-    vocab = state.adapter.tokenizer.vocab_size
-    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise ApiError(400, f"token {bad} is not in this model's vocabulary (0 to {vocab - 1})", "invalid_value",
-                       param="tokens")
+    check_token_ids(state, body.tokens, "tokens")
     return DetokenizeResponse(prompt=state.adapter.tokenizer.decode(body.tokens))
-
-
-def _check_chars(state: ServerState, chars: int) -> None:
-    if chars > state.cfg.max_prompt_chars:
-        raise ApiError(413, f"prompt is {chars} characters; the limit is {state.cfg.max_prompt_chars}",
-                       "prompt_too_many_chars", param="prompt")
