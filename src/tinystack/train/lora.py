@@ -26,21 +26,19 @@ cost LoRA ~0.5 s of a ~3 s step. Here a group of adapters sharing an input is a 
     xa = x A^T;  y = x W^T;  y += xa (s B)^T                    one thin product and one rank-P r update, in place
     g_xa = g (s B);  grad_x = g W, += g_xa A;  grad_A = g_xa^T x;  grad_B = the diagonal blocks of g^T xa
 
-On CPU each direction is one C++ call (linear_ops.cpp: the same ATen products, without ~20 Python-dispatched ops
-around them; the large product, x W^T or g W, spread over the threads as train/matmul_plan.py planned for its
-shape); elsewhere, without a compiler, or traced by torch.compile, the same products from Python. B's gradient
-is the whole g^T xa [out, P r] of which each part keeps its diagonal block (its rows of B only meet its own output
-rows): one product that reads g once ran faster than one [r]-wide product per part. W and s B are separate, contiguous
-tensors. (They once shared one buffer [W | s B | 0] so that g @ [W | s B] gave g W and g s B in one matmul; but
-the forward then multiplied by a strided view of W, which oneDNN repacks on every call: 0.3-0.8 ms more per
-product than a contiguous W, and on 2 threads a fresh packing buffer from the allocator each time, ~37K page
-faults a SmolLM2 step.) With dropout, or an unfrozen base, the layer uses the plain autograd path (same forward).
+On CPU each direction is one C++ call: on CPUs with AMX, in bf16, where it measures faster for the shape
+(train/lora_amx.py), all of them fused in one pass over each activation; otherwise linear_ops.cpp's library products
+(the large one, x W^T or g W, spread over the threads as train/matmul_plan.py planned it); without a compiler, or
+traced by torch.compile, the same products from Python. B's gradient is the whole g^T xa [out, P r] of which each
+part keeps its diagonal block (its rows of B only meet its own output rows). W and s B are separate, contiguous
+tensors (docs/train.md: a shared buffer made oneDNN repack W every call). With dropout, or an unfrozen base, the
+layer uses the plain autograd path (same forward).
 
 The frozen weight is held in the compute dtype (bf16 under autocast: QLoRA's observation, a base that is never
 updated need not be re-cast from its float32 master every step), cast once and again only when the master changes
 (in-place write, load_state_dict, .to()); in the master's own dtype (float32 training) it is the master itself;
-s B is made anew when B changes (once per optimiser step). The float32 master stays the weight: `merged()` and the
-saved model use it, never the copy (not a buffer: never saved).
+s B (and the fused product's packed A and s B) is made anew when B or A changes (once per optimiser step). The
+float32 master stays the weight: `merged()` and the saved model use it, never the copy (not a buffer: never saved).
 """
 from __future__ import annotations
 
@@ -52,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinystack.config import FinetuneConfig
+from tinystack.train import lora_amx
 from tinystack.train.kept_cast import compute_dtype, kept_cast
 from tinystack.train.matmul_plan import linear_ops, row_parts
 
@@ -105,12 +104,25 @@ def _ops(w: torch.Tensor):
 
 
 class _ComputeWeights:
-    """LoRALinear's cache: the frozen weight in the compute dtype (train/kept_cast.py), s B spread [out, P r] in it,
-    and a copy of the B that was made from. s B is a new tensor each time B changes, so the one a forward used is
-    still there, unchanged, for its backward."""
+    """LoRALinear's cache: the frozen weight in the compute dtype (train/kept_cast.py), a copy of B, and s B spread
+    [out, P r] in the compute dtype; where the fused AMX product can run (train/lora_amx.py), the operands in its
+    tile layout (`packed`), and then s B spread is made only if a library product asks for it (the fused product
+    never does). A new cache is made each time B or A changes, so what a forward used is still there, unchanged,
+    for its backward."""
 
-    def __init__(self, weight: torch.Tensor, sb: torch.Tensor, b: torch.Tensor) -> None:
-        self.weight, self.sb, self.b = weight, sb, b
+    def __init__(self, weight: torch.Tensor, b: torch.Tensor, packed: lora_amx.Packed | None, parts: _Parts,
+                 scale: float) -> None:
+        self.weight, self.b, self.packed = weight, b, packed
+        self._parts, self._scale, self._sb = parts, scale, None
+        if packed is None:  # made here, outside any traced graph (torch.compile refuses a tensor cached inside)
+            self._sb = self.sb
+
+    @property
+    def sb(self) -> torch.Tensor:
+        if self._sb is None:
+            with torch.no_grad():
+                self._sb = self._parts.spread((self.b * self._scale).to(self.weight.dtype)).contiguous()
+        return self._sb
 
 
 class _LoRAProduct(torch.autograd.Function):
@@ -120,12 +132,17 @@ class _LoRAProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, cw, bias, lora_a, lora_b, scale, parts):
-        w, sb = cw.weight, cw.sb
-        if (ops := _ops(w)) is not None:
-            xb = x.to(w.dtype)
+        w, sb = cw.weight, None
+        ctx.packed = None
+        if (ops := _ops(w)) is not None and lora_amx.takes(xb := x.to(w.dtype), cw.packed, lambda: cw.sb, bias,
+                                                            parts.flat_spans, parts.rank, scale):
+            y, xa = lora_amx.forward(xb, cw.packed, bias)
+            ctx.packed = cw.packed
+        elif ops is not None:
+            xb, sb = x.to(w.dtype), cw.sb
             y, xb, xa = ops.lora_fwd(xb, w, sb, bias, lora_a, row_parts(xb, w.t()))
         else:  # the same calls from Python
-            dt = w.dtype
+            dt, sb = w.dtype, cw.sb
             xb = x.to(dt)
             xa = xb @ lora_a.to(dt).t()  # [N, P r]
             y = F.linear(xb, w, bias.to(dt) if bias is not None else None)
@@ -141,6 +158,11 @@ class _LoRAProduct(torch.autograd.Function):
         w, sb = ctx.w, ctx.sb
         x_dtype, a_dtype, b_dtype = ctx.dtypes
         need_x = ctx.needs_input_grad[0]  # the first layer's input needs no gradient
+        if ctx.packed is not None:  # the fused product (train/lora_amx.py)
+            grad_x, grad_a, grad_b = lora_amx.backward(g.to(w.dtype), ctx.packed, x, xa, need_x,
+                                                       ctx.parts.flat_spans, ctx.parts.rank, ctx.scale)
+            return (None if grad_x is None else grad_x.to(x_dtype), None, None, grad_a.to(a_dtype),
+                    grad_b.to(b_dtype), None, None)
         if (ops := _ops(w)) is not None:
             g = g.to(w.dtype)
             grad_x, grad_a, grad_b = ops.lora_bwd(g, w, sb, x, xa, lora_a, need_x, ctx.parts.flat_spans,
@@ -207,12 +229,15 @@ class LoRALinear(nn.Module):
         """W and s B spread in `dtype`: the frozen weight cast once (kept_cast: again only when the master changes;
         the master itself when it is in `dtype`), s B made anew when W's copy or B changed (B compared by value: it
         is [rows, r], and the fused AdamW step writes it without bumping its version counter)."""
-        w, b = kept_cast(self.base.weight, dtype), self.lora_B
+        w, b, a = kept_cast(self.base.weight, dtype), self.lora_B, self.lora_A
         cw = getattr(self, "_weight_copy", None)
-        if cw is None or cw.weight is not w or not torch.equal(cw.b, b):
+        if (cw is None or cw.weight is not w or not torch.equal(cw.b, b)
+                or (cw.packed is not None and not torch.equal(cw.packed.a, a))):
             with torch.no_grad():
-                sb = self.parts.spread((b * self.scale).to(dtype)).contiguous()
-            self._weight_copy = cw = _ComputeWeights(w, sb, b.detach().clone())
+                fused = lora_amx.prepare(w, a, b, self.scale, self.parts.flat_spans, self.rank,
+                                         cw.packed if cw is not None else None)
+                b_copy, packed = fused if fused is not None else (b.detach().clone(), None)
+            self._weight_copy = cw = _ComputeWeights(w, b_copy, packed, self.parts, self.scale)
         return cw
 
     @torch.no_grad()

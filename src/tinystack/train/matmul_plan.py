@@ -12,6 +12,8 @@ products' time once per shape (a training step has about a dozen shapes); a spli
     row_parts(a, b)  -> 1 (one library call) or the thread count (rows split), planned as above
     mm(a, b)         -> a @ b the planned way
     plans()          -> {key: parts} planned so far in this process (for tests and benchmarks)
+    fastest(ways)    -> the key of the fastest of several ways to do the same work, timed alternating (also
+                        LoRA's choice of its fused AMX product, train/lora_amx.py)
 
 Used by the training's linear layers (train/planned_linear.py) and LoRA's product (train/lora.py). One thread,
 a non-CPU tensor, no C++ compiler, or a model under torch.compile (traced, not run): always one library call,
@@ -70,16 +72,25 @@ def plans() -> dict[tuple, int]:
 
 @torch.no_grad()
 def _measure(a: torch.Tensor, b: torch.Tensor, threads: int, ops) -> int:
-    """Time one call and the split, alternating (the machine's speed drifts; neighbours compare fairly)."""
-    ways = {1: lambda: torch.mm(a, b), threads: lambda: ops.rows_mm(a, b, threads)}
-    times: dict[int, list[float]] = {p: [] for p in ways}
+    """One call or the split: the split must win by SPLIT_MARGIN."""
+    return fastest({1: lambda: torch.mm(a, b), threads: lambda: ops.rows_mm(a, b, threads)}, SPLIT_MARGIN)
+
+
+@torch.no_grad()
+def fastest(ways: dict, margin: float = 1.0):
+    """The key of the fastest of `ways` (callables doing the same work): each called WARMUP times, then ROUNDS
+    times alternating (the machine's speed drifts; neighbours compare fairly), medians compared. The first way is
+    the default: another is kept only when its median is below `margin` times the first's."""
+    times: dict = {k: [] for k in ways}
     for _ in range(WARMUP):
         for way in ways.values():
             way()
     for _ in range(ROUNDS):
-        for p, way in ways.items():
+        for k, way in ways.items():
             t0 = time.perf_counter()
             way()
-            times[p].append(time.perf_counter() - t0)
-    one, split = statistics.median(times[1]), statistics.median(times[threads])
-    return threads if split < SPLIT_MARGIN * one else 1
+            times[k].append(time.perf_counter() - t0)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    first = next(iter(ways))
+    best = min(medians, key=medians.get)
+    return best if best == first or medians[best] < margin * medians[first] else first
