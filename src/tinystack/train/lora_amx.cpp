@@ -46,7 +46,7 @@ namespace tinystack_lora_amx {
 using at::Tensor;
 using namespace tinystack_amx;
 
-constexpr int64_t kMaxChunk = 512;  // rows a thread takes at a time, at most (fewer: every thread gets a chunk)
+constexpr int64_t kMaxChunk = 1024;  // rows a thread takes at a time, at most (fewer: every thread gets a chunk)
 constexpr int64_t kSumRows = 128;  // rows per pass of the sums over rows (their pages stay in the TLB)
 
 Tensor pack(const Tensor& src_, bool trans) {
