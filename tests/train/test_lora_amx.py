@@ -192,3 +192,35 @@ def test_fastest_keeps_the_first_way_unless_another_wins_by_the_margin():
     assert matmul_plan.fastest({"a": slow, "b": fast}) == "b"
     assert matmul_plan.fastest({"a": fast, "b": slow}) == "a"
     assert matmul_plan.fastest({"a": slow, "b": fast}, margin=0.0) == "a"  # nothing beats 0 x the first
+
+
+def test_reused_buffers_give_fresh_results_and_a_stale_backward_fails_loudly(monkeypatch):
+    """From the third preparation on, a layer writes its packed A and s B over the buffers of the one before last
+    (only where values go: the zeros stay). Over several optimiser steps its outputs equal a fresh layer's with the
+    same weights; and a backward whose forward's buffers were written over since refuses to run (autograd's
+    version check) instead of using other adapters than its forward did."""
+    lora = _fused_layer(monkeypatch, ([32, 32, 32], [True, False, True]))
+    x = torch.randn(64, 64)
+    opt = torch.optim.AdamW([lora.lora_A, lora.lora_B], lr=0.05, fused=True)
+    buffers = set()
+    for _ in range(4):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lora(x)
+        buffers.add(lora._weight_copy.packed.adapters.data_ptr())
+        twin = _fused_layer(monkeypatch, ([32, 32, 32], [True, False, True]))
+        twin.load_state_dict(lora.state_dict())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(y, twin(x))
+        y.float().square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert len(buffers) == 2  # two sets in turn
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        stale = lora(x)
+        for _ in range(2):
+            with torch.no_grad():
+                lora.lora_B.add_(0.5)
+            fresh = lora(x)  # the second of these writes over `stale`'s buffers
+    fresh.float().sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        stale.float().sum().backward()

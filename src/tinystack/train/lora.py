@@ -138,6 +138,7 @@ class _LoRAProduct(torch.autograd.Function):
                                                             parts.flat_spans, parts.rank, scale):
             y, xa = lora_amx.forward(xb, cw.packed, bias)
             ctx.packed = cw.packed
+            ctx.save_for_backward(xb, xa, lora_a, cw.packed.adapters)  # its version is checked at backward
         elif ops is not None:
             xb, sb = x.to(w.dtype), cw.sb
             y, xb, xa = ops.lora_fwd(xb, w, sb, bias, lora_a, row_parts(xb, w.t()))
@@ -147,14 +148,15 @@ class _LoRAProduct(torch.autograd.Function):
             xa = xb @ lora_a.to(dt).t()  # [N, P r]
             y = F.linear(xb, w, bias.to(dt) if bias is not None else None)
             y.addmm_(xa, sb.t())  # + s (x A^T) B^T
-        ctx.save_for_backward(xb, xa, lora_a)
+        if ctx.packed is None:
+            ctx.save_for_backward(xb, xa, lora_a)
         ctx.w, ctx.sb = w, sb  # this forward's s B: a changed B gets a new tensor, never a write into this one
         ctx.scale, ctx.parts, ctx.dtypes = scale, parts, (x.dtype, lora_a.dtype, lora_b.dtype)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        x, xa, lora_a = ctx.saved_tensors
+        x, xa, lora_a = ctx.saved_tensors[:3]
         w, sb = ctx.w, ctx.sb
         x_dtype, a_dtype, b_dtype = ctx.dtypes
         need_x = ctx.needs_input_grad[0]  # the first layer's input needs no gradient
@@ -233,10 +235,12 @@ class LoRALinear(nn.Module):
         cw = getattr(self, "_weight_copy", None)
         if (cw is None or cw.weight is not w or not torch.equal(cw.b, b)
                 or (cw.packed is not None and not torch.equal(cw.packed.a, a))):
-            with torch.no_grad():
-                fused = lora_amx.prepare(w, a, b, self.scale, self.parts.flat_spans, self.rank,
-                                         cw.packed if cw is not None else None)
+            old = cw.packed if cw is not None else None
+            with torch.no_grad():  # two sets of packed buffers in turn: the one before last is written over
+                fused = lora_amx.prepare(w, a, b, self.scale, self.parts.flat_spans, self.rank, old,
+                                         getattr(self, "_spare", None))
                 b_copy, packed = fused if fused is not None else (b.detach().clone(), None)
+            self._spare = old
             self._weight_copy = cw = _ComputeWeights(w, b_copy, packed, self.parts, self.scale)
         return cw
 

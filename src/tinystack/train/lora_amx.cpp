@@ -17,8 +17,10 @@
 //   available()                             -> whether this CPU and kernel run AMX BF16 (asked once)
 //   pack(src [R, C], trans)                 -> B [K, N] in tiles: B = src^T (trans) or src, K and N padded to
 //                                              multiples of 32 with zeros
-//   prepare(a, b, scale, spans, rank, out)  -> [adapters, copy of a, copy of b]: one optimiser step's operands,
-//                                              `adapters` holding s B and A packed both ways (Layout)
+//   prepare(a, b, scale, spans, rank, out, reuse?, reuse_copies?)
+//                                           -> [adapters, copies, copy of a, copy of b]: one optimiser step's
+//                                              operands, `adapters` holding s B and A packed both ways (Layout),
+//                                              written into an earlier step's buffers when given
 //   fwd(x [M, in], wt, adapters, bias?, out, P r)
 //                                           -> y [M, out], xa [M, R]      wt = pack(W, 1); R = P r padded to 32
 //   bwd(g [M, out], w, adapters, x, xa, need_x, spans, rank, scale)
@@ -72,14 +74,24 @@ struct Layout {
 // of A and B (what a later forward compares against: views of one float32 buffer). Each element of s B and A is
 // written straight to its places in the tiles (s B spread over the parts is mostly zeros: never formed here).
 std::vector<Tensor> prepare(const Tensor& a_, const Tensor& b_, double scale, at::IntArrayRef spans, int64_t rank,
-                            int64_t out) {
+                            int64_t out, const std::optional<Tensor>& reuse_buf,
+                            const std::optional<Tensor>& reuse_copies) {
   const Tensor a = a_.detach().contiguous().to(at::kFloat), b = b_.detach().contiguous().to(at::kFloat);
   const int64_t n_parts = int64_t(spans.size()) / 2, pr = n_parts * rank, in = a.size(1);
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && b.size(1) == rank && a.size(0) == pr,
               "lora_amx.prepare: a [P r, in], b [rows of B, r], spans for P parts");
   const Layout lay(out, in, pr);
-  Tensor buf = at::zeros({lay.total}, a.options().dtype(at::kBFloat16));
-  Tensor copies = at::empty({a.numel() + b.numel()}, a.options());
+  // A buffer of an earlier step of this layer is overwritten where its values go; its zeros are where zeros stay
+  // (the layout's padding and s B's off-diagonal blocks). Its version moves, so a backward still holding it
+  // (saved by its forward) refuses to run on changed operands instead of running on them.
+  const bool reuse = reuse_buf.has_value() && reuse_buf->defined() && reuse_buf->numel() == lay.total
+                     && reuse_copies.has_value() && reuse_copies->numel() == a.numel() + b.numel();
+  Tensor buf = reuse ? *reuse_buf : at::zeros({lay.total}, a.options().dtype(at::kBFloat16));
+  Tensor copies = reuse ? *reuse_copies : at::empty({a.numel() + b.numel()}, a.options());
+  if (reuse) {
+    buf.unsafeGetTensorImpl()->bump_version();
+    copies.unsafeGetTensorImpl()->bump_version();
+  }
   bf16* d = reinterpret_cast<bf16*>(buf.data_ptr());
   const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
   float* cp = copies.data_ptr<float>();
@@ -105,7 +117,8 @@ std::vector<Tensor> prepare(const Tensor& a_, const Tensor& b_, double scale, at
       a_t[at_tile(i, k, kb_in)] = v;  // B = A^T [in, P r]
       a_n[at_tile(k, i, kb_pr)] = v;  // B = A [P r, in]
     }
-  return {buf, copies.narrow(0, 0, a.numel()).view(a.sizes()), copies.narrow(0, a.numel(), b.numel()).view(b.sizes())};
+  return {buf, copies, copies.narrow(0, 0, a.numel()).view(a.sizes()),
+          copies.narrow(0, a.numel(), b.numel()).view(b.sizes())};
 }
 
 static int64_t chunk_rows(int64_t M) {  // M / threads rounded up to 32, at most kMaxChunk

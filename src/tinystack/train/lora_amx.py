@@ -56,22 +56,27 @@ class Packed:
     per frozen weight copy), and `adapters`, s B and A packed both ways (lora_amx.cpp's Layout); `a` the A they were
     made from (compared by value: the fused AdamW step writes A without bumping its version counter)."""
 
-    def __init__(self, weight: torch.Tensor, w: tuple, adapters: torch.Tensor, a: torch.Tensor) -> None:
-        self.weight, self.w, self.adapters, self.a = weight, w, adapters, a
+    def __init__(self, weight: torch.Tensor, w: tuple, adapters: torch.Tensor, copies: torch.Tensor,
+                 a: torch.Tensor) -> None:
+        self.weight, self.w, self.adapters, self.copies, self.a = weight, w, adapters, copies, a
         self.out, self.rows_a = weight.size(0), a.size(0)
 
 
 def prepare(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, spans: list[int], rank: int,
-            old: Packed | None) -> tuple[torch.Tensor, Packed] | None:
+            old: Packed | None, spare: Packed | None = None) -> tuple[torch.Tensor, Packed] | None:
     """(a copy of B, Packed) for weight copy w and adapters a, b; None where the fused product cannot run (not
-    bf16, not CPU, sides not multiples of 32, no AMX, or traced by torch.compile)."""
+    bf16, not CPU, sides not multiples of 32, no AMX, or traced by torch.compile). `spare`: an earlier step's
+    Packed of the same layer whose buffers are overwritten instead of allocated and cleared afresh (its A and B
+    are then gone: a forward that used it and whose backward has not run yet fails loudly in autograd's version
+    check, as the forward saves the buffer)."""
     if (w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.size(0) % ALIGN or w.size(1) % ALIGN
             or torch.compiler.is_compiling() or ops() is None):
         return None
     o = ops()
     packed_w = old.w if old is not None and old.weight is w else (o.pack(w, True), o.pack(w, False))
-    adapters, a_copy, b_copy = o.prepare(a, b, scale, spans, rank, w.size(0))
-    return b_copy, Packed(w, packed_w, adapters, a_copy)
+    reuse = (spare.adapters, spare.copies) if spare is not None else (None, None)
+    adapters, copies, a_copy, b_copy = o.prepare(a, b, scale, spans, rank, w.size(0), *reuse)
+    return b_copy, Packed(w, packed_w, adapters, copies, a_copy)
 
 
 def takes(x: torch.Tensor, p: Packed | None, sb: Callable[[], torch.Tensor], bias: torch.Tensor | None,
