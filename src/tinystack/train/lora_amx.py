@@ -8,11 +8,12 @@ the library calls run as before.
 
     ops()                        -> the compiled operators where this CPU runs AMX BF16 (and a compiler builds
                                     them), else None; nothing is compiled on a CPU without AMX
-    prepare(w, a, b, ..., old)   -> (B's copy, Packed): one LoRALinear's operands for one optimiser step,
+    prepare(w, a, b, ..., old, spare)
+                                 -> (B's copy, Packed): one LoRALinear's operands for one optimiser step,
                                     Packed in AMX's tile layout (W both ways, reused from `old` when it holds the
-                                    same weight copy: packed once per frozen weight; s B and A both ways), or
-                                    None where the fused product cannot run (not bf16, not CPU, sides not
-                                    multiples of 32)
+                                    same weight copy: packed once per frozen weight; s B and A both ways, written
+                                    over `spare`'s buffers when given), or None where the fused product cannot
+                                    run (not bf16, not CPU, sides not multiples of 32)
     takes(x, p, ...)             -> whether this input runs fused: rows a multiple of 32, and the fused product
                                     measured faster than the library calls for its shape (matmul_plan.fastest:
                                     timed once per shape and process, never assumed)
