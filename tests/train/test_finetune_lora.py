@@ -2,7 +2,7 @@
 stays frozen, only adapters reach the optimiser, and the merged model saves as an ordinary model directory."""
 import pytest
 import torch
-from train_helpers import cfg
+from train_helpers import cfg, lora_bf16_paths
 
 from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, load_model, save_model
 from tinystack.train import lora as lora_module
@@ -174,16 +174,7 @@ def test_bf16_autocast_path_matches_autograd_and_keeps_the_float32_master(produc
     with torch.no_grad():
         lora.lora_B.normal_()
     x = torch.randn(3, 10, 64, requires_grad=True)
-    g = torch.randn(3, 10, 48)
-    outs = []
-    for path in ("hand", "autograd"):
-        lora.dropout = torch.nn.Identity() if path == "hand" else torch.nn.Dropout(0.0)  # Dropout -> plain path
-        x.grad = lora.lora_A.grad = lora.lora_B.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = lora(x)
-        y.backward(g.to(y.dtype))
-        outs.append((y.detach().float(), x.grad, lora.lora_A.grad, lora.lora_B.grad))
-        assert y.dtype == torch.bfloat16 and x.grad.dtype == lora.lora_A.grad.dtype == torch.float32
+    outs = lora_bf16_paths(lora, x, torch.randn(3, 10, 48))
     for hand, ref in zip(*outs):
         assert (hand - ref).norm() <= 0.02 * ref.norm()  # bf16 rounding, not a different function
     assert lora.base.weight.dtype == torch.float32 and "_weight_copy" not in lora.state_dict()

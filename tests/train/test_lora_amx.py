@@ -7,6 +7,7 @@ Runs on CPUs with AMX BF16 only (elsewhere nothing is compiled and LoRA takes th
 test_finetune_lora.py holds to autograd)."""
 import pytest
 import torch
+from train_helpers import lora_bf16_paths
 
 from tinystack.train import lora_amx, matmul_plan
 from tinystack.train.lora import LoRALinear
@@ -148,16 +149,7 @@ def test_lora_linear_through_the_fused_product_matches_autograd(parts, monkeypat
     calls = []
     forward = lora_amx.forward
     monkeypatch.setattr(lora_amx, "forward", lambda *args: calls.append(1) or forward(*args))
-    x = torch.randn(2, 32, 64, requires_grad=True)
-    g = torch.randn(2, 32, 96)
-    outs = []
-    for path in ("fused", "autograd"):
-        lora.dropout = torch.nn.Identity() if path == "fused" else torch.nn.Dropout(0.0)  # Dropout -> plain path
-        x.grad = lora.lora_A.grad = lora.lora_B.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = lora(x)
-        y.backward(g.to(y.dtype))
-        outs.append((y.detach().float(), x.grad, lora.lora_A.grad, lora.lora_B.grad))
+    outs = lora_bf16_paths(lora, torch.randn(2, 32, 64, requires_grad=True), torch.randn(2, 32, 96))
     assert calls == [1]
     for fused, ref in zip(*outs):
         assert (fused - ref).norm() <= 0.02 * ref.norm()
