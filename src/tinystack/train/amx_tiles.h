@@ -207,18 +207,23 @@ static void to_tiles(const bf16* src, int64_t ld, int64_t rows, int64_t cols, bf
   }
 }
 
-// acc [R, cols] (float32, this thread's) += lhs_t [R, rows] (bf16, row stride ldl) src [rows, cols] (row stride
-// lds), rows <= kSumRows: a sum over rows, so src goes in as B (its rows as K), made into tiles first (tiles:
-// kSumRows x cols scratch); then each 32-column panel's sums are held in tiles across all the rows.
+// acc [R, cols] (float32, this thread's; fresh: not yet written, so set rather than added to) += lhs_t [R, rows]
+// (bf16, row stride ldl) src [rows, cols] (row stride lds): a sum over rows, so src goes in as B (its rows as K),
+// made into tiles first (tiles: rows x cols scratch); then each 32-column panel's sums are held in tiles across
+// all the rows.
 static void sum_rows(float* acc, int64_t R, int64_t cols, const bf16* lhs_t, int64_t ldl, const bf16* src,
-                     int64_t lds, int64_t rows, bf16* tiles) {
+                     int64_t lds, int64_t rows, bf16* tiles, bool fresh) {
   to_tiles(src, lds, rows, cols, tiles);
   const int64_t per_block = cols / 16 * kTile;
   for (int64_t c = 0; c < cols; c += 32)
     for (int64_t r = 0; r < R; r += 32) {
       float* o = acc + r * cols + c;
-      _tile_loadd(0, o, cols * 4); _tile_loadd(1, o + 16, cols * 4);
-      _tile_loadd(2, o + 16 * cols, cols * 4); _tile_loadd(3, o + 16 * cols + 16, cols * 4);
+      if (fresh) {  // acc not written yet (its memory uninitialised): start from zeros
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      } else {
+        _tile_loadd(0, o, cols * 4); _tile_loadd(1, o + 16, cols * 4);
+        _tile_loadd(2, o + 16 * cols, cols * 4); _tile_loadd(3, o + 16 * cols + 16, cols * 4);
+      }
       for (int64_t m = 0; m < rows; m += 32) {
         const bf16* b = tiles + m / 32 * per_block + c / 16 * kTile;
         _tile_loadd(4, lhs_t + r * ldl + m, ldl * 2);

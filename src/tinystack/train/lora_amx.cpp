@@ -183,7 +183,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g_, const Tensor& w, const 
   const int threads = at::get_num_threads();
   Tensor grad_x = need_x ? at::empty({M, in}, g.options()) : Tensor();
   // per thread: grad_A [R, in] and grad_B^T [R, out] in float32, added into the outputs at the end
-  std::vector<std::vector<float>> sums_a(threads), sums_b(threads);
+  // (uninitialised: a thread's first sums write them; a thread with no rows leaves them unused)
+  std::vector<std::unique_ptr<float[]>> sums_a(threads), sums_b(threads);
   const bf16 *gp = ptr(g), *wp = ptr(w), *sp = ptr(adapters) + lay.sb_n, *ap = ptr(adapters) + lay.a_n;
   const bf16 *xp = ptr(x), *xap = ptr(xa);
   bf16* gxp = need_x ? mptr(grad_x) : nullptr;
@@ -196,8 +197,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g_, const Tensor& w, const 
     std::unique_ptr<bf16[]> g_xa(new bf16[chunk * R]), g_xa_t(new bf16[R * kSumRows]), xa_t(new bf16[R * kSumRows]);
     std::unique_ptr<bf16[]> tiles(new bf16[kSumRows * std::max(in, out)]);
     auto &sa = sums_a[at::get_thread_num()], &sb = sums_b[at::get_thread_num()];
-    sa.assign(R * in, 0.0f), sb.assign(R * out, 0.0f);
-    float *my_a = sa.data(), *my_b = sb.data();
+    sa.reset(new float[R * in]), sb.reset(new float[R * out]);
+    float *my_a = sa.get(), *my_b = sb.get();
+    bool fresh = true;
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t m0 = c * chunk, rows = std::min(M, m0 + chunk) - m0;
       const auto thin = [&](int64_t m) {  // g_xa = g (s B) for the rows of block m, whole before grad_x reads it
@@ -210,8 +212,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g_, const Tensor& w, const 
         const int64_t begin = (end - 1) / kSumRows * kSumRows, n = end - begin;
         transpose(xap + (m0 + begin) * R, n, R, xa_t.get());
         transpose(g_xa.get() + begin * R, n, R, g_xa_t.get());
-        sum_rows(my_b, R, out, xa_t.get(), n, gp + (m0 + begin) * out, out, n, tiles.get());  // grad_B^T += xa^T g
-        sum_rows(my_a, R, in, g_xa_t.get(), n, xp + (m0 + begin) * in, in, n, tiles.get());   // grad_A += g_xa^T x
+        // grad_B^T += xa^T g;  grad_A += g_xa^T x
+        sum_rows(my_b, R, out, xa_t.get(), n, gp + (m0 + begin) * out, out, n, tiles.get(), fresh);
+        sum_rows(my_a, R, in, g_xa_t.get(), n, xp + (m0 + begin) * in, in, n, tiles.get(), fresh);
+        fresh = false;
       };
       if (need_x) {  // grad_x = [g | g_xa] [W ; A], the thin products and the sums beside it, row block by block
         gemm(rows, in, Operand{gp + m0 * out, out, kout, wp}, Operand{g_xa.get(), R, kr, ap}, nullptr,
@@ -227,7 +231,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g_, const Tensor& w, const 
   Tensor grad_a = at::zeros({pr, in}, g.options().dtype(at::kFloat));
   float* ga = grad_a.data_ptr<float>();
   for (const auto& sa : sums_a)
-    if (!sa.empty())
+    if (sa)
       for (int64_t i = 0; i < pr * in; ++i) ga[i] += sa[i];
   // B's gradient: part j's rows of B only ever meet part j's output rows and rank columns (the diagonal blocks
   // of g^T xa), times s
@@ -236,7 +240,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g_, const Tensor& w, const 
   Tensor grad_b = at::zeros({b_rows, rank}, grad_a.options());
   float* gb = grad_b.data_ptr<float>();
   for (const auto& sb : sums_b)
-    if (!sb.empty())
+    if (sb)
       for (int64_t j = 0, b_row = 0; j < n_parts; ++j) {
         const int64_t row = spans[2 * j], size = spans[2 * j + 1];
         for (int64_t i = 0; i < size; ++i)
