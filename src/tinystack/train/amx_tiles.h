@@ -101,6 +101,7 @@ struct Operand {
   const bf16* a = nullptr;
   int64_t lda = 0, kb = 0;
   const bf16* b = nullptr;
+  bool half = false;  // only the first 16 of each 32 columns are wanted (the rest of B is zeros): half the products
 };
 
 // A finished 32 x 32 block waiting to be written: its float32 tiles, its 32 rows' destination and a bias. Its rows
@@ -139,8 +140,12 @@ static inline void steps(const Operand& o, const bf16* a, const bf16* b, int64_t
     _tile_loadd(4, a + k * 32, o.lda * 2);
     _tile_loadd(5, a + 16 * o.lda + k * 32, o.lda * 2);
     _tile_loadd(6, b + k * kTile, 64);
-    _tile_loadd(7, b + (o.kb + k) * kTile, 64);
-    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    if (o.half) {  // tiles 1 and 3 stay zero
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(2, 5, 6);
+    } else {
+      _tile_loadd(7, b + (o.kb + k) * kTile, 64);
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    }
     pend.flush_to(int((done + k - k0 + 1) * 32 / total));
   }
 }
@@ -212,7 +217,7 @@ static void to_tiles(const bf16* src, int64_t ld, int64_t rows, int64_t cols, bf
 // made into tiles first (tiles: rows x cols scratch); then each 32-column panel's sums are held in tiles across
 // all the rows.
 static void sum_rows(float* acc, int64_t R, int64_t cols, const bf16* lhs_t, int64_t ldl, const bf16* src,
-                     int64_t lds, int64_t rows, bf16* tiles, bool fresh) {
+                     int64_t lds, int64_t rows, bf16* tiles, bool fresh, bool half) {
   to_tiles(src, lds, rows, cols, tiles);
   const int64_t per_block = cols / 16 * kTile;
   for (int64_t c = 0; c < cols; c += 32)
@@ -222,17 +227,24 @@ static void sum_rows(float* acc, int64_t R, int64_t cols, const bf16* lhs_t, int
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       } else {
         _tile_loadd(0, o, cols * 4); _tile_loadd(1, o + 16, cols * 4);
-        _tile_loadd(2, o + 16 * cols, cols * 4); _tile_loadd(3, o + 16 * cols + 16, cols * 4);
+        if (!half) {
+          _tile_loadd(2, o + 16 * cols, cols * 4); _tile_loadd(3, o + 16 * cols + 16, cols * 4);
+        }
       }
       for (int64_t m = 0; m < rows; m += 32) {
         const bf16* b = tiles + m / 32 * per_block + c / 16 * kTile;
         _tile_loadd(4, lhs_t + r * ldl + m, ldl * 2);
-        _tile_loadd(5, lhs_t + (r + 16) * ldl + m, ldl * 2);
         _tile_loadd(6, b, 64); _tile_loadd(7, b + kTile, 64);
-        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        if (!half) {  // lhs rows 16-31 (all zeros when half: only rows 0-15 of acc are ever read then)
+          _tile_loadd(5, lhs_t + (r + 16) * ldl + m, ldl * 2);
+          _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
       }
       _tile_stored(0, o, cols * 4); _tile_stored(1, o + 16, cols * 4);
-      _tile_stored(2, o + 16 * cols, cols * 4); _tile_stored(3, o + 16 * cols + 16, cols * 4);
+      if (!half) {
+        _tile_stored(2, o + 16 * cols, cols * 4); _tile_stored(3, o + 16 * cols + 16, cols * 4);
+      }
     }
 }
 

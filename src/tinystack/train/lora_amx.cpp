@@ -158,7 +158,8 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& x_, const Tensor& wt, const Tensor&
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t m0 = c * chunk, rows = std::min(M, m0 + chunk) - m0;
       const auto thin = [&](int64_t m) {  // xa = x A^T for the rows of block m, whole before y's products read it
-        gemm(32, R, Operand{xp + (m0 + m) * in, in, kin, ap}, Operand{}, nullptr, xap + (m0 + m) * R, R, *pend);
+        gemm(32, R, Operand{xp + (m0 + m) * in, in, kin, ap, pr <= 16}, Operand{}, nullptr, xap + (m0 + m) * R, R,
+             *pend);
         pend->flush_to(32);
       };
       gemm(rows, out, Operand{xp + m0 * in, in, kin, wp}, Operand{xap + m0 * R, R, kr, sp}, bp, yp + m0 * out, out,
@@ -203,7 +204,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g_, const Tensor& w, const 
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t m0 = c * chunk, rows = std::min(M, m0 + chunk) - m0;
       const auto thin = [&](int64_t m) {  // g_xa = g (s B) for the rows of block m, whole before grad_x reads it
-        gemm(32, R, Operand{gp + (m0 + m) * out, out, kout, sp}, Operand{}, nullptr, g_xa.get() + m * R, R, *pend);
+        gemm(32, R, Operand{gp + (m0 + m) * out, out, kout, sp, n_parts * rank <= 16}, Operand{}, nullptr,
+             g_xa.get() + m * R, R, *pend);
         pend->flush_to(32);
       };
       const auto sums = [&](int64_t m) {  // the sums over a batch of kSumRows rows, once its last block is done
@@ -213,8 +215,9 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& g_, const Tensor& w, const 
         transpose(xap + (m0 + begin) * R, n, R, xa_t.get());
         transpose(g_xa.get() + begin * R, n, R, g_xa_t.get());
         // grad_B^T += xa^T g;  grad_A += g_xa^T x
-        sum_rows(my_b, R, out, xa_t.get(), n, gp + (m0 + begin) * out, out, n, tiles.get(), fresh);
-        sum_rows(my_a, R, in, g_xa_t.get(), n, xp + (m0 + begin) * in, in, n, tiles.get(), fresh);
+        const bool half = n_parts * rank <= 16;  // P r <= 16: the sums' rows 16-31 would be zeros
+        sum_rows(my_b, R, out, xa_t.get(), n, gp + (m0 + begin) * out, out, n, tiles.get(), fresh, half);
+        sum_rows(my_a, R, in, g_xa_t.get(), n, xp + (m0 + begin) * in, in, n, tiles.get(), fresh, half);
         fresh = false;
       };
       if (need_x) {  // grad_x = [g | g_xa] [W ; A], the thin products and the sums beside it, row block by block
