@@ -12,17 +12,8 @@ from train_helpers import lora_bf16_paths
 from tinystack.train import lora_amx, matmul_plan
 from tinystack.train.lora import LoRALinear
 
-
-def _cpu_has_amx() -> bool:
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return False
-    return all(f in flags for f in lora_amx.CPU_FLAGS)
-
-
 # where the CPU has AMX the kernels must build and run: a compile error fails here instead of skipping
-pytestmark = pytest.mark.skipif(not _cpu_has_amx(), reason="needs a CPU with AMX BF16")
+pytestmark = pytest.mark.skipif(not lora_amx.cpu_has_amx(), reason="needs a CPU with AMX BF16")
 
 
 def test_the_kernels_build_and_run_where_the_cpu_has_amx():

@@ -132,23 +132,21 @@ class _LoRAProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, cw, bias, lora_a, lora_b, scale, parts):
-        w, sb = cw.weight, None
-        ctx.packed = None
-        if (ops := _ops(w)) is not None and lora_amx.takes(xb := x.to(w.dtype), cw.packed, lambda: cw.sb, bias,
-                                                            parts.flat_spans, parts.rank, scale):
+        w, dt, ops = cw.weight, cw.weight.dtype, _ops(cw.weight)
+        xb, sb, ctx.packed = x.to(dt), None, None
+        if ops is not None and lora_amx.takes(xb, cw.packed, lambda: cw.sb, bias, parts.flat_spans, parts.rank,
+                                              scale):
             y, xa = lora_amx.forward(xb, cw.packed, bias)
             ctx.packed = cw.packed
             ctx.save_for_backward(xb, xa, lora_a, cw.packed.adapters)  # its version is checked at backward
-        elif ops is not None:
-            xb, sb = x.to(w.dtype), cw.sb
-            y, xb, xa = ops.lora_fwd(xb, w, sb, bias, lora_a, row_parts(xb, w.t()))
-        else:  # the same calls from Python
-            dt, sb = w.dtype, cw.sb
-            xb = x.to(dt)
-            xa = xb @ lora_a.to(dt).t()  # [N, P r]
-            y = F.linear(xb, w, bias.to(dt) if bias is not None else None)
-            y.addmm_(xa, sb.t())  # + s (x A^T) B^T
-        if ctx.packed is None:
+        else:
+            sb = cw.sb
+            if ops is not None:
+                y, xb, xa = ops.lora_fwd(xb, w, sb, bias, lora_a, row_parts(xb, w.t()))
+            else:  # the same calls from Python
+                xa = xb @ lora_a.to(dt).t()  # [N, P r]
+                y = F.linear(xb, w, bias.to(dt) if bias is not None else None)
+                y.addmm_(xa, sb.t())  # + s (x A^T) B^T
             ctx.save_for_backward(xb, xa, lora_a)
         ctx.w, ctx.sb = w, sb  # this forward's s B: a changed B gets a new tensor, never a write into this one
         ctx.scale, ctx.parts, ctx.dtypes = scale, parts, (x.dtype, lora_a.dtype, lora_b.dtype)

@@ -6,6 +6,7 @@ again; fused, each thread runs all of them on its rows while they are in its cac
 as 32 more columns of the large product's K. Used by train/lora.py's `_LoRAProduct` where it applies; elsewhere
 the library calls run as before.
 
+    cpu_has_amx()                -> whether the CPU reports AMX BF16
     ops()                        -> the compiled operators where this CPU runs AMX BF16 (and a compiler builds
                                     them), else None; nothing is compiled on a CPU without AMX
     prepare(w, a, b, ..., old, spare)
@@ -38,13 +39,18 @@ ALIGN = 32  # rows and both sides of a weight: multiples of this (the kernels' 3
 _plans: dict[tuple, bool] = {}
 
 
-@functools.lru_cache(maxsize=1)
-def ops():
+def cpu_has_amx() -> bool:
+    """Whether the CPU reports AMX BF16 (Linux's /proc/cpuinfo; elsewhere no AMX permission to ask for either)."""
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:  # not Linux: no AMX permission to ask for either
-        return None
-    if not all(f in flags for f in CPU_FLAGS):
+    except OSError:
+        return False
+    return all(f in flags for f in CPU_FLAGS)
+
+
+@functools.lru_cache(maxsize=1)
+def ops():
+    if not cpu_has_amx():
         return None
     here = Path(__file__).parent
     built = native.build("tinystack_lora_amx", [here / "lora_amx.cpp"], headers=[here / "amx_tiles.h"],
@@ -71,9 +77,8 @@ def prepare(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, spa
     are then gone: a forward that used it and whose backward has not run yet fails loudly in autograd's version
     check, as the forward saves the buffer)."""
     if (w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.size(0) % ALIGN or w.size(1) % ALIGN
-            or torch.compiler.is_compiling() or ops() is None):
+            or torch.compiler.is_compiling() or (o := ops()) is None):
         return None
-    o = ops()
     packed_w = old.w if old is not None and old.weight is w else (o.pack(w, True), o.pack(w, False))
     reuse = (spare.adapters, spare.copies) if spare is not None else (None, None)
     adapters, copies, a_copy, b_copy = o.prepare(a, b, scale, spans, rank, w.size(0), *reuse)
