@@ -10,3 +10,19 @@ from __future__ import annotations
 
 class UserError(Exception):
     """An error the user caused and can fix; its message is one line, shown as-is by the CLI."""
+
+
+class MissingExtra(UserError):
+    """An optional dependency is not installed: the message names the feature and the extra that brings it."""
+
+
+def require(module: str, extra: str, feature: str):
+    """Import `module` (an optional dependency from the `[extra]` extra) for `feature`, or raise MissingExtra
+    saying how to install it: the one way a command that needs an extra reports its absence."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtra(f"{feature} needs the [{extra}] extra: pip install -e '.[{extra}]' "
+                           f"(from the tinystack checkout; {e})") from None

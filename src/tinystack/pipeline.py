@@ -71,6 +71,8 @@ def run_pipeline(cfg: Config, workdir: Path, serve_demo: bool = True, promote: b
     write_json(workdir / "config.json", cfg.to_dict())
     cache = StageCache(workdir)
     summary: dict[str, Any] = {"workdir": str(workdir)}
+    # the pretrained model is found before anything runs: a missing one fails now, not after training
+    pretrained_source = pretrained_key(cfg.run.pretrained) if serve_demo and cfg.run.pretrained else None
 
     if cfg.data.inputs:
         inputs = [Path(p) for p in cfg.data.inputs]
@@ -127,8 +129,8 @@ def run_pipeline(cfg: Config, workdir: Path, serve_demo: bool = True, promote: b
     if serve_demo:
         summary["demo"] = stage_demo(cfg, model_dir, workdir / "logs" / "requests.jsonl")
     pretrained_dir = workdir / "pretrained"
-    if serve_demo and cfg.run.pretrained and (source_key := pretrained_key(cfg.run.pretrained)) is not None:
-        summary["pretrained"] = cache.run("pretrained", _key(cfg.run.pretrained, source_key),
+    if pretrained_source:
+        summary["pretrained"] = cache.run("pretrained", _key(cfg.run.pretrained, pretrained_source),
                                           [pretrained_dir / "model.safetensors", pretrained_dir / "tinystack.json"],
                                           lambda: stage_import(cfg, pretrained_dir))
         summary["chat_demo"] = stage_chat_demo(cfg, pretrained_dir, workdir / "logs" / "chat_requests.jsonl")

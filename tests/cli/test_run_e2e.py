@@ -9,6 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.toml"
+CORE_ONLY = Path(__file__).with_name("core_only.py")
 
 
 def _run(*args, timeout=240):
@@ -18,8 +19,12 @@ def _run(*args, timeout=240):
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
+    """The smoke demo as `make demo` installs it: only the core dependencies importable (core_only.py), every
+    stage real, SmolLM2's import and its served chat answer included."""
     workdir = tmp_path_factory.mktemp("run")
-    proc = _run("run", "--config", str(SMOKE), "--workdir", str(workdir), "--registry", str(workdir / "registry"))
+    proc = subprocess.run([sys.executable, str(CORE_ONLY), "tinystack", "run", "--config", str(SMOKE),
+                           "--workdir", str(workdir), "--registry", str(workdir / "registry")],
+                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return workdir, proc
 
@@ -48,6 +53,23 @@ def test_demo_requests_were_served_and_logged(smoke_run):
     assert len(requests) == 4  # the four demo prompts of the default [run] section
     assert "server up at http://127.0.0.1:" in proc.stdout
     assert "total ms" in proc.stdout
+
+
+def test_the_pretrained_model_was_imported_and_answered_a_chat(smoke_run):
+    workdir, proc = smoke_run
+    stages = json.loads((workdir / "stages.json").read_text())
+    assert stages["pretrained"]["info"]["source"] == "smollm2-135m-instruct"
+    lines = [json.loads(line) for line in (workdir / "logs" / "chat_requests.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in lines] == [200]  # smoke.toml asks one question
+    assert lines[0]["completion_tokens"] > 0
+    assert "chat requests (POST /v1/chat/completions" in proc.stdout
+
+
+def test_a_missing_pretrained_model_fails_before_anything_runs(tmp_path):
+    proc = _run("run", "--config", str(SMOKE), "--workdir", str(tmp_path / "w"), "--set",
+                f"run.pretrained={tmp_path / 'absent.gguf'}", timeout=60)
+    assert proc.returncode == 2 and "error: run.pretrained:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "w" / "data").exists()  # refused before the first stage, not after training
 
 
 def test_rerun_reuses_every_stage(smoke_run):

@@ -80,15 +80,12 @@ def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def open_reader(path: Path):
-    """gguf.GGUFReader over `path` (memory-mapped), with one-line errors for a missing library or a bad file.
+    """gguf.GGUFReader over `path` (memory-mapped), with a one-line error for a bad file.
 
     The reader slices its memory map once per metadata value, ~1 M times for a 49k-word vocabulary and its
     merges, and each slice of numpy's memmap subclass runs Python hooks (__array_finalize__, __getitem__): 2-3x
     the whole parse. So the reader is given a plain ndarray view of the same mapping (no copy; read-only)."""
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ModelFormatError("reading GGUF needs the gguf package: pip install 'tinystack[gguf]'") from None
+    from gguf import GGUFReader  # imported here: a few hundred ms, paid only by GGUF imports
 
     class PlainViewReader(GGUFReader):
         @property

@@ -18,16 +18,17 @@ def stage_import(cfg: Config, out: Path) -> dict[str, Any]:
     return {"source": cfg.run.pretrained, "sha256": lineage.get("sha256")}
 
 
-def pretrained_key(source: str) -> str | None:
-    """What the import depends on (the source file's or directory's identity), or None when the source cannot
-    be found (e.g. the package that ships it is not installed): then the stage is skipped with a message."""
+def pretrained_key(source: str) -> str:
+    """What the import depends on: the source file's or directory's identity. A source that cannot be found
+    (e.g. the package that ships it is not installed) is a one-line error, not a skipped stage: `[run]
+    pretrained` names a model the run was asked to import (`""` asks for none)."""
     from tinystack.atomic import file_sha256
+    from tinystack.errors import UserError
     from tinystack.model.importer import resolve_source
     from tinystack.model.io import ModelFormatError
 
     try:
         path, _ = resolve_source(source)
     except ModelFormatError as e:
-        console.print(f"[yellow]pretrained: skipped ({e})[/yellow]")
-        return None
+        raise UserError(f"run.pretrained: {e} (or --set run.pretrained='\"\"' to run without it)") from None
     return file_sha256(path) if path.is_file() else str(path.resolve())

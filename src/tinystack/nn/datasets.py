@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tinystack.errors import require
+
 # IDX magic: two zero bytes, a dtype code, the number of dims; then one big-endian uint32 per dim.
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 MNIST_FILES = {
@@ -55,13 +57,7 @@ def load_mnist(directory: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """scikit-learn's 1,797 8x8 digits, pixels scaled to [0, 1], a seeded stratified-free random split."""
-    try:
-        from sklearn.datasets import load_digits as sk_digits
-    except ImportError:
-        raise ImportError("the digits data ships with scikit-learn: pip install 'tinystack[dev]' "
-                          "(or scikit-learn)") from None
-
-    ds = sk_digits()
+    ds = require("sklearn.datasets", "dev", "the digits data (it ships with scikit-learn)").load_digits()
     x, y = (ds.data / 16.0).astype(np.float32), ds.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(x))
     n_test = int(round(len(x) * test_fraction))

@@ -25,6 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tinystack.errors import require
+
 SPANS: tuple[tuple[str, str, str], ...] = (("validate", "arrival", "validated"), ("queue", "enqueued", "scheduled"),
                                            ("prefill", "scheduled", "first_token"),
                                            ("decode", "first_token", "last_token"),
@@ -67,26 +69,24 @@ class RequestTracer:
 
 def make_tracer(exporter: str, span_exporter: Any = None) -> RequestTracer | None:
     """A RequestTracer for `exporter` ("" = off) or for a given SpanExporter; raises ValueError for an
-    unknown exporter and ImportError (with the fix) when the extra is missing."""
+    unknown exporter and MissingExtra (with the fix) when the extra is missing."""
     if exporter not in EXPORTERS:
         raise ValueError(f"otel_exporter must be one of {EXPORTERS}, got {exporter!r}")
     if not exporter and span_exporter is None:
         return None
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
-    except ImportError as e:
-        raise ImportError(f"tracing needs the [otel] extra (pip install 'tinystack[otel]'): {e}") from e
+    require("opentelemetry.sdk", "otel", "serve.otel_exporter (OpenTelemetry spans)")
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+
     provider = TracerProvider(resource=Resource.create({"service.name": "tinystack"}))
     if span_exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     elif exporter == "console":
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     else:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError as e:
-            raise ImportError("otel_exporter 'otlp' needs opentelemetry-exporter-otlp-proto-http") from e
+        exporters = require("opentelemetry.exporter.otlp.proto.http.trace_exporter", "otel",
+                            "serve.otel_exporter = 'otlp'")
+        OTLPSpanExporter = exporters.OTLPSpanExporter
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return RequestTracer(provider)

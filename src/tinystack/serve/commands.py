@@ -18,7 +18,7 @@ import typer
 
 from tinystack.cli_options import config_command
 from tinystack.config import Config
-from tinystack.errors import UserError
+from tinystack.errors import UserError, require
 
 Opt = typer.Option
 
@@ -73,10 +73,8 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
 
 def _replicas(model: str, cfg: Config) -> tuple[object, Callable[[], None]]:
     """Start or join Ray, deploy (or roll) the replicas, and return the gateway's adapter and its stopper."""
-    try:
-        from tinystack.serve.replicas import deploy
-    except ImportError as e:
-        raise UserError(f"--replicas needs Ray Serve: pip install 'tinystack[dist]' ({e})") from None
+    require("ray.serve", "dist", "serve.replicas / serve.ray_address (engine replicas on Ray Serve)")
+    from tinystack.serve.replicas import deploy
     scfg = cfg.serve
     started_here = deploy.connect(scfg.ray_address, scfg.replicas, scfg.replica_num_cpus)
     typer.echo(f"tinystack serve: {scfg.replicas} replica(s) on Ray "

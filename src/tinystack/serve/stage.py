@@ -83,6 +83,8 @@ def stage_chat_demo(cfg: Config, model_dir: Path, log_path: Path) -> list[dict[s
     finally:
         request_log.close()
         engine.shutdown()
+    if not any(a["tokens"] and a["answer"].strip() for a in answers):  # a demo that shows nothing has failed
+        raise RuntimeError(f"chat demo: {name} answered none of run.chat_questions ({len(answers)} asked)")
     table = Table(title=f"{name}: chat requests (POST /v1/chat/completions, greedy)")
     for col in ("question -> answer", "tokens", "queue ms", "TTFT ms", "total ms"):
         table.add_column(col)

@@ -34,14 +34,12 @@ from tinystack.data.dedup.lsh import MAX_BUCKET_PAIRS, band_keys
 from tinystack.data.dedup.minhash import MinHasher
 from tinystack.data.dedup.near_duplicates import NearDupParams, estimate_pairs, verify_pairs
 from tinystack.data.dedup.near_step import NearDedup
+from tinystack.errors import require
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> Any:
     """Import Ray and connect/start it once; a clear error when the extra is missing."""
-    try:
-        import ray
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("engine='ray' needs Ray Data: pip install 'tinystack[dist]'") from e
+    ray = require("ray", "dist", "data.engine = 'ray'")
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "logging_level": logging.WARNING}

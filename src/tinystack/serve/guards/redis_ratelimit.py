@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from tinystack.errors import require
 from tinystack.serve.api.errors import SERVER_ERROR, ApiError
 
 # KEYS[1] = the key's hash; ARGV = req_rate_per_min, tok_rate_per_min, token cost (a rate of 0 = off).
@@ -51,10 +52,7 @@ class RedisRateLimiter:
     """RateLimiter's contract (`enabled`, `check`, the two rates) with the buckets in Redis at `url`."""
 
     def __init__(self, url: str, requests_per_min: float, tokens_per_min: float, prefix: str = "tinystack:rl:") -> None:
-        try:
-            import redis
-        except ImportError:
-            raise ValueError("serve.redis_url needs the redis client: pip install 'tinystack[dist]'") from None
+        redis = require("redis", "dist", "serve.redis_url (rate limits in Redis)")
         self.requests_per_min = requests_per_min
         self.tokens_per_min = tokens_per_min
         self.prefix = prefix
