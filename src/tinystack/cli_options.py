@@ -88,8 +88,10 @@ def check_device(device: str) -> None:
         raise UserError(f"run.device={device!r}: MPS is not available on this machine (use cpu)")
 
 
-def config_command(*keys: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: `fn(cfg, **rest)` becomes a typer command with --config, --set and a flag per field in `keys`."""
+def config_command(*keys: str, defaults: dict[str, Any] | None = None) -> Callable[[Callable[..., Any]],
+                                                                                   Callable[..., Any]]:
+    """Decorator: `fn(cfg, **rest)` becomes a typer command with --config, --set and a flag per field in `keys`;
+    `defaults` ({"section.key": value}, from config.py) are the command's own starting values."""
     fields = config_fields(*keys)
     comments = _field_comments()
 
@@ -106,7 +108,7 @@ def config_command(*keys: str) -> Callable[[Callable[..., Any]], Callable[..., A
         def command(**kwargs: Any) -> Any:
             given = {f"{s}.{n}": kwargs.pop(n) for s, n, _ in fields}
             cfg = load_config(kwargs.pop("config"), kwargs.pop("set_") or [],
-                              {k: v for k, v in given.items() if v is not None})
+                              {k: v for k, v in given.items() if v is not None}, defaults)
             check_device(cfg.run.device)
             return fn(cfg, **kwargs)
 

@@ -61,7 +61,7 @@ LITERALS = list(_literal_fields())
 
 def test_fixed_choice_fields_are_literals():
     names = {name for name, _, _ in LITERALS}
-    assert {"infer.kv_cache", "infer.scheduler", "infer.dtype", "infer.quantize", "infer.backend", "train.dtype",
+    assert {"infer.kv_cache", "infer.scheduler", "infer.weight_format", "infer.runtime", "train.dtype",
             "train.backend", "tokenizer.kind", "data.split_by", "data.shingle_unit", "data.engine",
             "serve.otel_exporter"} <= names
     for name, allowed, default in LITERALS:

@@ -33,7 +33,7 @@ def _config() -> Config:
     cfg.serve.replicas, cfg.serve.replica_num_cpus, cfg.serve.routing = 2, 1.0, "prefix"
     cfg.serve.shutdown_grace_s = 10.0
     cfg.infer.max_num_seqs, cfg.infer.memory_limit_mb = 4, 64
-    cfg.infer.dtype, cfg.infer.hugepages = "float32", False  # no format measurement: replicas start fast
+    cfg.infer.weight_format, cfg.infer.hugepages = "float32", False  # no format measurement: replicas start fast
     return cfg
 
 
