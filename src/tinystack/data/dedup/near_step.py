@@ -9,7 +9,7 @@ Flow (memory: the signature index only; records wait in an on-disk `Spool`):
             each exact key gets a signature of the same canonical text, case-folded
             (batches of `BATCH` texts, over `workers` processes when > 1; same output
             either way, signatures are pure functions of the text)
-    then    LSH candidates -> verified pairs (`neardup.find_pairs`; exact Jaccard
+    then    LSH candidates -> verified pairs (`near_duplicates.find_pairs`; exact Jaccard
             re-reads only the texts of candidate pairs from the spool) -> union-find;
             an exact duplicate is unioned with its first copy, so it shares its cluster
     pass 2  spool -> records in input order; the cluster root (smallest index) is kept,

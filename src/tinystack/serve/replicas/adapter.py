@@ -14,7 +14,7 @@ the engine calls change:
         replica died / went away before the first token   -> sent again (another replica), up to
                                                               `retries` times: nothing was lost
         ... after tokens were sent                         -> ReplicaLost: 503, or in a stream an
-                                                              error event (execution.py); the
+                                                              error event (engine/execution.py); the
                                                               breaker is not told (one replica)
         every replica full (Serve's queue bound)           -> EngineBusy: 429 with Retry-After
     abort(id)                  closing the stream cancels the call; the replica aborts the sequence
