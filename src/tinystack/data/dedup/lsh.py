@@ -97,7 +97,7 @@ def _bucket_pairs(order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     member[starts] = False
     out = [np.stack([np.repeat(order[starts], sizes - 1), order[member]], axis=1)]
     # Remaining pairs (non-first x non-first) for small buckets of size >= 3, all buckets
-    # of one size at once as a 2-D block (a loop per bucket cost ~10 us each).
+    # of one size at once as a 2-D block (a Python loop per bucket cost more than the pairs).
     small = (sizes >= 3) & (sizes <= MAX_BUCKET_PAIRS)
     for m in np.unique(sizes[small]).tolist():
         block = order[starts[small & (sizes == m)][:, None] + np.arange(1, m)]  # (buckets, m - 1)

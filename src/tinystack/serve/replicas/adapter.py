@@ -148,9 +148,9 @@ class ReplicaAdapter:
 
         Two choices, each measured on the shared 2-core machine under load (benchmarks/bench_replicas.py
         --overhead-only and same-run probes): its router runs on this loop (Serve's default is a router thread
-        of its own: every call and every message would cross threads; ~3 ms a request), and
+        of its own: every call and every message would cross threads), and
         `_by_reference=False` is Serve's gRPC path straight to the replica's inter-deployment server rather
-        than a Ray actor call with an ObjectRef per message (~2 ms). Routing, health checks and replacement
+        than a Ray actor call with an ObjectRef per message (slower per message). Routing, health checks and replacement
         stay Serve's; only the transport changes.
         """
         loop = asyncio.get_running_loop()
