@@ -111,7 +111,7 @@ class TrainConfig:
     # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran far slower (docs/train.md)
     threads: int = 0  # torch intra-op threads (0 = torch's default: fastest on an idle machine)
     # glibc only: freed memory stays in the process for the next step instead of page-faulting back in each step
-    # (train/allocator.py; BENCHMARKS.md "Fine-tuning"); the process keeps its peak memory
+    # (train/allocator.py); the process keeps its peak memory
     keep_freed_memory: bool = True
 
 
