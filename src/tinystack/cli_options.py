@@ -36,7 +36,7 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: secti
 def _field_comments() -> dict[str, str]:
     """{"infer.kv_cache": "contiguous: one whole-context block per sequence", ...}: the comment after each field
     in config.py, so a flag's help and the config file's documentation are one text. Read once, line by line
-    (inspect.getsource per class took ~30 ms each, paid by every command at start-up)."""
+    (inspect.getsource per class cost more, paid by every command at start-up)."""
     section_of = {cls.__name__: name for name, cls in typing.get_type_hints(Config).items()}
     out: dict[str, str] = {}
     section = None

@@ -119,10 +119,10 @@ class TrainConfig(Section):
     compile: bool = False  # torch.compile the model
     ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end
     plot: bool = True  # write a PNG loss curve beside the training log
-    # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran 10-25x slower (docs/train.md)
+    # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran far slower (docs/train.md)
     threads: int = 0  # torch intra-op threads (0 = torch's default: fastest on an idle machine)
     # glibc only: freed memory stays in the process for the next step instead of page-faulting back in each step
-    # (train/allocator.py; BENCHMARKS.md "Fine-tuning"); the process keeps its peak memory
+    # (train/allocator.py); the process keeps its peak memory
     keep_freed_memory: bool = True
 
 

@@ -39,7 +39,7 @@ def with_stable_ids(records: Iterable[Record]) -> Iterator[Record]:
     """Give a record without an ``id`` the id ``"{source}:{line}"`` (its input line, or its
     1-based position in the stream when it has no origin): stable across reruns."""
     for i, r in enumerate(records, start=1):
-        if r.id is None:  # a new record (not `dataclasses.replace`: ~3 us, as much as reading the line)
+        if r.id is None:  # a new record (not `dataclasses.replace`: it costs as much as reading the line)
             pos = r.origin[1] if r.origin else i
             r = Record(r.text, r.source, r.label, r.timestamp, f"{r.source}:{pos}", r.extra, r.origin)
         yield r
