@@ -198,10 +198,10 @@ class ServeConfig(Section):
     gc_freeze: bool = True  # gc.freeze() at start-up: the loaded model is never traversed by the collector
     loop_lag_interval_s: float = 0.1  # event-loop lag probe period (0 = off)
     log_text: bool = False  # prompts and outputs in the request log (tinystack serve)
-    # replicas (serve/replicas; docs/serve.md): replicas > 1 or a ray_address serves through Ray Serve, this
+    # replicas (serve/replicas; docs/serve.md): replicas > 1 or a ray_cluster serves through Ray Serve, this
     # server being the gateway in front (auth, limits, validation once; [dist] extra)
     replicas: int = 1  # engine replicas, each its own engine, KV cache and memory budget
-    ray_address: str = ""  # "" = start a local Ray cluster; "auto" = join the one `ray start --head` runs
+    ray_cluster: str = ""  # Ray address: "" = start a local cluster; "auto" = join the one `ray start --head` runs
     routing: Literal["prefix", "least_loaded", "round_robin"] = "prefix"  # how the gateway picks a replica
     prefix_overload: int = 4  # prefix routing passes over a replica loaded by more than this over the least
     replica_num_cpus: float = 1.0  # CPUs Ray reserves for each replica (its torch threads follow)
@@ -314,6 +314,7 @@ RENAMED = {
     "infer.dtype": "infer.weight_format",
     "infer.quantize": "infer.weight_format",
     "infer.backend": "infer.runtime",
+    "serve.ray_address": "serve.ray_cluster",
     **{f"finetune.{k}": f"train.{k}" for k in ("max_iters", "batch_size", "grad_accum_steps", "learning_rate", "min_lr",
                                                 "warmup_iters", "weight_decay", "eval_interval", "ckpt_interval")},
     "finetune.val_fraction": "data.val_fraction",

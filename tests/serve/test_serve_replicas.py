@@ -231,7 +231,7 @@ def test_a_rolling_update_fails_no_in_flight_request(cluster):
     stop, results = threading.Event(), []
     threads = _load(url, stop, results)
     time.sleep(1.0)
-    deploy.deploy(dirs[1], cfg)  # what `tinystack serve --model NEW --replicas 2 --ray-address auto` does
+    deploy.deploy(dirs[1], cfg)  # what `tinystack serve --model NEW --replicas 2 --ray-cluster auto` does
     deadline = time.monotonic() + REPLACE_S
     while time.monotonic() < deadline and (_replica_ids(url) & old or len(_replica_ids(url)) != 2):
         time.sleep(0.5)

@@ -30,7 +30,7 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
           log_level: Annotated[str, Opt(help="uvicorn log level")] = "info") -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), /generate,
     /health, /ready and Prometheus /metrics with uvicorn (gc.freeze() once the model is loaded).
-    With --replicas N (or --ray-address), the engines run as N Ray Serve replicas and this server is
+    With --replicas N (or --ray-cluster), the engines run as N Ray Serve replicas and this server is
     their gateway; run again with another --model against the same cluster for a rolling update."""
     from tinystack.eval.registry import PREFIX, resolve_model
     from tinystack.observe import setup_request_log
@@ -44,7 +44,7 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
     model = resolve_model(model, cfg.run.registry)
     if scfg.replicas < 1:
         raise UserError(f"serve.replicas must be at least 1, got {scfg.replicas}")
-    replicated = scfg.replicas > 1 or bool(scfg.ray_address)
+    replicated = scfg.replicas > 1 or bool(scfg.ray_cluster)
     if replicated:  # the engines run as Ray Serve replicas; this process is their gateway
         engine, stop_engine = _replicas(model, cfg)
     else:
@@ -73,12 +73,12 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
 
 def _replicas(model: str, cfg: Config) -> tuple[object, Callable[[], None]]:
     """Start or join Ray, deploy (or roll) the replicas, and return the gateway's adapter and its stopper."""
-    require("ray.serve", "dist", "serve.replicas / serve.ray_address (engine replicas on Ray Serve)")
+    require("ray.serve", "dist", "serve.replicas / serve.ray_cluster (engine replicas on Ray Serve)")
     from tinystack.serve.replicas import deploy
     scfg = cfg.serve
-    started_here = deploy.connect(scfg.ray_address, scfg.replicas, scfg.replica_num_cpus)
+    started_here = deploy.connect(scfg.ray_cluster, scfg.replicas, scfg.replica_num_cpus)
     typer.echo(f"tinystack serve: {scfg.replicas} replica(s) on Ray "
-               f"({'a local cluster' if started_here else scfg.ray_address}), routing {scfg.routing}", err=True)
+               f"({'a local cluster' if started_here else scfg.ray_cluster}), routing {scfg.routing}", err=True)
     try:
         handle = deploy.deploy(model, cfg)
         return deploy.gateway_adapter(handle, model, cfg), lambda: deploy.shutdown(started_here)
