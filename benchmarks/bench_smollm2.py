@@ -36,7 +36,7 @@ from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E4
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
 from tinystack.config import InferConfig  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
-from tinystack.infer.llm import load_for_inference  # noqa: E402
+from tinystack.infer.loading import load_for_inference  # noqa: E402
 
 TARGETS = {  # issue 15: (measured ratio, what it is compared with, at least)
     "batch1_auto_vs_llama_cpp": 0.5, "batch1_auto_vs_transformers": 3.0,

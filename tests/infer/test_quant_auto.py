@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tinystack.config import InferConfig
-from tinystack.infer.llm import load_for_inference
+from tinystack.infer.loading import load_for_inference
 from tinystack.infer.quant import auto
 from tinystack.infer.quant.linear import QuantEmbedding, QuantLinear, head_format
 from tinystack.model import GPT, GPTConfig, save_model

@@ -64,7 +64,7 @@ def test_greedy_output_is_plain_greedy_token_for_token(family, mode, kv):
     runs batches to completion."""
     target = family(0)
     plain = _llm(target, **kv).generate(PROMPTS, GREEDY)
-    extra = {"draft_model": family(1, n_layer=1)} if mode == "draft" else {}
+    extra = {"draft": family(1, n_layer=1)} if mode == "draft" else {}
     llm = _llm(target, speculative=mode, num_speculative_tokens=3, **extra, **kv)
     outs = llm.generate(PROMPTS, GREEDY)
     for p, o in zip(plain, outs):
@@ -229,7 +229,7 @@ def _p_value(samples: list[list[int]], joint: torch.Tensor) -> float:
 
 
 def _sample(mode: str, n: int = 2000) -> tuple[list[list[int]], LLM]:
-    extra = {"draft_model": _peaked(7)} if mode == "draft" else {}
+    extra = {"draft": _peaked(7)} if mode == "draft" else {}
     llm = _llm(_peaked(0), speculative=mode, num_speculative_tokens=2, max_num_seqs=128, **extra)
     outs = llm.generate([PROMPT] * n, [SamplingParams(**SAMPLED, seed=s) for s in range(n)])
     return [o.token_ids for o in outs], llm
@@ -260,7 +260,7 @@ def test_config_errors_are_one_line():
         _llm(target, speculative="draft")
     with pytest.raises(ValueError, match="same tokenizer"):
         _llm(target, speculative="draft", draft=_gpt(1, vocab=100))
-    with pytest.raises(ValueError, match="speculative must be one of"):
+    with pytest.raises(ValueError, match="infer.speculative: expected one of .off., .prompt_lookup., .draft."):
         _llm(target, speculative="medusa")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         _llm(target, speculative="prompt_lookup", num_speculative_tokens=0)

@@ -4,7 +4,7 @@ import pytest
 
 from tinystack.config import InferConfig
 from tinystack.infer import LLM, SamplingParams
-from tinystack.infer.llm import load_for_inference
+from tinystack.infer.loading import load_for_inference
 from tinystack.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow  # two 135M-parameter engines and 2 x 64 tokens (~30 s on 2 CPU cores)

@@ -21,7 +21,7 @@ def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) of a model directory, loaded as inference loads them, so evaluation
     tokenizes exactly as inference does. In float32, not dtype="auto": the gate scores the trained weights
     themselves, the same on every machine (auto's format is a per-machine speed choice)."""
-    from tinystack.infer.llm import load_for_inference
+    from tinystack.infer.loading import load_for_inference
 
     return load_for_inference(model_dir, InferConfig(weight_format="float32"), device)
 

@@ -29,7 +29,7 @@ _EXPORTS = {
     "AsyncEngine": "tinystack.infer.async_engine",
     "RequestStream": "tinystack.infer.async_engine",
     "LLM": "tinystack.infer.llm",
-    "load_for_inference": "tinystack.infer.llm",
+    "load_for_inference": "tinystack.infer.loading",
     "LLMEngine": "tinystack.infer.llm_engine",
     "PromptError": "tinystack.infer.llm_engine",
     "PromptTooLongError": "tinystack.infer.llm_engine",

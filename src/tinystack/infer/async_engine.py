@@ -23,6 +23,7 @@ from typing import AsyncIterator
 
 from tinystack.config import InferConfig
 from tinystack.infer.llm_engine import LLMEngine
+from tinystack.infer.loading import load_for_inference
 from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.infer.sampler import SamplingParams
 
@@ -72,8 +73,6 @@ class AsyncEngine:
     @classmethod
     def from_dir(cls, model_dir, config: InferConfig | None = None, device: str = "cpu") -> AsyncEngine:
         """The engine for a model directory, loaded and built from [infer] (`config`, whole)."""
-        from tinystack.infer.llm import load_for_inference
-
         model, tok = load_for_inference(model_dir, config, device)
         return cls(LLMEngine(model, tok, config))
 

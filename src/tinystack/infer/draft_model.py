@@ -14,16 +14,28 @@ as the target's; a row that finds no room drafts fewer tokens (never a wrong one
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tinystack.infer.block_manager import BlockManager
+from tinystack.infer.loading import load_for_inference
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.sampler import is_greedy, sampling_probs
 from tinystack.infer.sequence import Sequence
-from tinystack.infer.speculative import Draft
+from tinystack.tokenizer import load_tokenizer
+
+
+@dataclass
+class Draft:
+    """Proposed tokens for one row; `q` [d, V] is the draft model's distribution for each (sampled rows
+    of a draft model), None for a point mass (prompt lookup, or greedy)."""
+
+    tokens: list[int]
+    q: torch.Tensor | None = None
+
 
 BLOCK_SIZE = 16
 _PROBE = "Speculative decoding checks drafts: def f(x):\n    return x * 2  # ünïcödé 123"
@@ -42,9 +54,6 @@ def load_draft(draft_model: str | Path | torch.nn.Module, target: torch.nn.Modul
     (checked before any weight is loaded) and vocabulary are the target's."""
     name = str(draft_model) if isinstance(draft_model, (str, Path)) else type(draft_model).__name__
     if isinstance(draft_model, (str, Path)):
-        from tinystack.infer.llm import load_for_inference
-        from tinystack.tokenizer import load_tokenizer
-
         if not Path(draft_model).is_dir():
             raise ValueError(f"draft_model {name}: not a model directory")
         draft_tokenizer = load_tokenizer(draft_model)

@@ -50,11 +50,7 @@ class LLMEngine:
         """An engine over `model` with [infer]'s settings (`config`, the section whole; defaults when None).
         `draft`: an injected speculative proposer or draft model (speculative="draft"), instead of loading
         config.draft_model. Nothing is printed: describe() says what was set up."""
-        config = config or InferConfig()
-        if config.kv_cache not in ("paged", "contiguous"):
-            raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {config.kv_cache!r}")
-        if config.scheduler not in ("continuous", "dynamic"):
-            raise ValueError(f"scheduler must be 'continuous' or 'dynamic', got {config.scheduler!r}")
+        config = config or InferConfig()  # its values were checked when it was built (config.Section)
         self.config = config
         self.model, self.tokenizer = model.eval(), tokenizer
         cfg = model.config

@@ -28,26 +28,14 @@ a row whose proposer finds nothing, decodes one token as usual in the same step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from tinystack.config import InferConfig
 from tinystack.infer.block_manager import BlockManager
+from tinystack.infer.draft_model import Draft, DraftModel, load_draft
 from tinystack.infer.sampler import has_penalties, is_greedy, logprob_info, sampling_probs
 from tinystack.infer.sequence import Sequence
-
-MODES = ("off", "prompt_lookup", "draft")
-
-
-@dataclass
-class Draft:
-    """Proposed tokens for one row; `q` [d, V] is the draft model's distribution for each (sampled rows
-    of a draft model), None for a point mass (prompt lookup, or greedy)."""
-
-    tokens: list[int]
-    q: torch.Tensor | None = None
 
 
 def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -168,8 +156,6 @@ def build_speculator(config: InferConfig, *, block_manager: BlockManager, draft=
     object with its methods) as `draft`, or config.draft_model (a directory) loaded and checked against
     `target` and `tokenizer`, with a cache of `token_slots` tokens."""
     mode, k, max_num_batched_tokens = config.speculative, config.num_speculative_tokens, config.max_num_batched_tokens
-    if mode not in MODES:
-        raise ValueError(f"speculative must be one of {MODES}, got {mode!r}")
     if mode == "off":
         return None
     if target is not None and getattr(target, "needs_full_sequence", False):
@@ -181,8 +167,6 @@ def build_speculator(config: InferConfig, *, block_manager: BlockManager, draft=
         source = config.draft_model if draft is None else draft
         if not source:
             raise ValueError("speculative='draft' needs draft_model (a model directory)")
-        from tinystack.infer.draft_model import DraftModel, load_draft
-
         device = next(target.parameters()).device
         model = load_draft(source, target, tokenizer, device)
         draft = DraftModel(model, k, token_slots, device, config.hugepages)
