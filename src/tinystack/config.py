@@ -61,6 +61,7 @@ class DataConfig(Section):
     # quality filters (tinystack.data.filters.quality); perplexity runs only with a reference set
     quality: bool = True
     min_words: int = 3  # CJK characters count as words
+    max_words: int = 0  # 0 = no upper bound
     scripts: list[str] = field(default_factory=lambda: ["latin", "cjk"])
     min_script_ratio: float = 0.5  # share of letters in `scripts`
     max_symbol_ratio: float = 0.25
@@ -68,6 +69,8 @@ class DataConfig(Section):
     repetition: bool = True  # Gopher duplicate-line / top n-gram rules
     perplexity_reference: list[str] = field(default_factory=list)  # JSONL/text inputs the char LM is trained on
     perplexity_percentile: float = 99.0  # drop above this percentile of held-out reference perplexity
+    perplexity_order: int = 5  # n of the character n-gram model
+    perplexity_max_chars: int = 5_000_000  # reference text the n-gram model is trained on, at most
     # near dedup (MinHash-LSH) and cross-split leakage
     near_dedup: bool = True
     dedup_threshold: float = 0.85  # Jaccard of character shingles

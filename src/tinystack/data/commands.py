@@ -67,12 +67,11 @@ def normalize(cfg: Config, input: InputOpt, out: OutFile, progress: Progress = T
                 "data.perplexity_percentile", *FIELDS)
 def filter_(cfg: Config, input: InputOpt, out: OutFile, progress: Progress = True) -> None:
     """Quality filters: words, charset, symbols/digits, repetition, perplexity (with --perplexity-reference)."""
-    from tinystack.data.filters.quality import QualityParams
     from tinystack.data.options import field_map, quality_params
     from tinystack.data.tools import filter_files
 
-    cfg.data.quality = True
-    q = quality_params(cfg.data) or QualityParams()
+    cfg.data.quality = True  # the command is the quality filters
+    q = quality_params(cfg.data)
     _show(filter_files(input, out, q, fields=field_map(cfg.data), progress=progress), f"filter -> {out}")
 
 

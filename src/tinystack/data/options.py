@@ -21,10 +21,12 @@ def field_map(d: Any) -> FieldMap:
 def quality_params(d: Any) -> QualityParams | None:
     if not d.quality:
         return None
-    return QualityParams(min_words=d.min_words, scripts=tuple(d.scripts), min_script_ratio=d.min_script_ratio,
-                         max_symbol_ratio=d.max_symbol_ratio, max_digit_ratio=d.max_digit_ratio,
-                         repetition=d.repetition, perplexity_reference=tuple(d.perplexity_reference),
-                         perplexity_percentile=d.perplexity_percentile)
+    return QualityParams(min_words=d.min_words, max_words=d.max_words, scripts=tuple(d.scripts),
+                         min_script_ratio=d.min_script_ratio, max_symbol_ratio=d.max_symbol_ratio,
+                         max_digit_ratio=d.max_digit_ratio, repetition=d.repetition,
+                         perplexity_reference=tuple(d.perplexity_reference),
+                         perplexity_percentile=d.perplexity_percentile, perplexity_order=d.perplexity_order,
+                         perplexity_max_chars=d.perplexity_max_chars)
 
 
 def near_dup_params(d: Any, threshold: float | None = None) -> NearDupParams:

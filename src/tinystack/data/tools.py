@@ -66,7 +66,7 @@ def normalize_files(inputs: Sequence[str | Path], out: str | Path, *, fields: Fi
     return _finish(Path(out).parent, rejects, [read, step.stats], t0)
 
 
-def filter_files(inputs: Sequence[str | Path], out: str | Path, quality: QualityParams = QualityParams(), *,
+def filter_files(inputs: Sequence[str | Path], out: str | Path, quality: QualityParams, *,
                  fields: FieldMap = IDENTITY, progress: bool = False) -> dict[str, Any]:
     """Normalise, then run the quality filters; write the kept records to `out`."""
     t0, rejects, read = time.perf_counter(), Rejects(), StepStats("read")
