@@ -119,3 +119,15 @@ def test_head_only_at_target_positions_gives_the_same_loss_and_gradients(kind):
     assert torch.allclose(l1, l2, atol=1e-6) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g1, g2))
     full = torch.ones_like(y)  # every position a target: the plain path, logits [B, T, V]
     assert target_logits(model, x, full)[0].shape == (3, 16, 41)
+
+
+def test_the_models_own_forward_loss_skips_the_same_ignore_index():
+    """GPT/Llama forward(x, targets) (model.gpt.head_and_loss: the bare loops, the eval test fixtures) skips
+    IGNORE_INDEX targets like lm_loss does, so no second convention is left in the tree."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=41, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    x, y = torch.randint(0, 41, (2, 16)), torch.randint(0, 41, (2, 16))
+    y[0, :5] = y[1, 10:] = IGNORE_INDEX
+    logits, loss = model(x, y)
+    assert torch.allclose(loss, lm_loss(logits, y), rtol=1e-6)
+    assert torch.allclose(loss, token_nll(logits, y).sum() / (y != IGNORE_INDEX).sum(), rtol=1e-6)
