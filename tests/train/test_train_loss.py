@@ -131,3 +131,24 @@ def test_the_models_own_forward_loss_skips_the_same_ignore_index():
     logits, loss = model(x, y)
     assert torch.allclose(loss, lm_loss(logits, y), rtol=1e-6)
     assert torch.allclose(loss, token_nll(logits, y).sum() / (y != IGNORE_INDEX).sum(), rtol=1e-6)
+
+
+def test_held_out_score_equals_the_old_training_path_loss():
+    """Fine-tuning's held-out loss moved from the training path (next_token_loss under no_grad: the frozen-head
+    rows) to eval.scoring.score_batches; on padded batches with prompt targets the token-weighted numbers agree."""
+    from tinystack.eval.scoring import score_batches
+    from tinystack.train.loss import next_token_loss
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=41, hidden_size=16, intermediate_size=24, n_layer=2, n_head=2,
+                              n_kv_head=1, max_position_embeddings=16, tie_word_embeddings=True)).eval()
+    batches = []
+    for _ in range(2):
+        x, y = torch.randint(0, 41, (3, 16)), torch.randint(0, 41, (3, 16))
+        y[0, :9] = y[1, :4] = y[2, 12:] = IGNORE_INDEX
+        batches.append((x, y))
+    with torch.no_grad():
+        old = [(next_token_loss(model, x, y).item(), int((y != IGNORE_INDEX).sum())) for x, y in batches]
+    s = score_batches(model, batches)
+    assert s.tokens == sum(n for _, n in old)
+    assert s.loss == pytest.approx(sum(v * n for v, n in old) / s.tokens, rel=1e-6)
