@@ -27,7 +27,7 @@ def test_final_val_loss_equals_eval_json(tmp_path, backend):
         (data / f"{split}.jsonl").write_text("")
     # eval thins the val windows to 20 in batches of 16; training's estimates use 2 x 4 others
     cfg = load_config(None, ["tokenizer.kind=char", "tokenizer.position_split=0.1", "model.n_layer=1",
-                             "model.n_head=2", "model.n_embd=16", "model.block_size=16", "train.max_iters=12",
+                             "model.n_head=2", "model.n_embd=16", "model.context_length=16", "train.max_iters=12",
                              "train.batch_size=4", "train.eval_interval=5", "train.eval_iters=2",
                              "train.warmup_iters=2", "train.learning_rate=0.01", "train.plot=false",
                              f"train.backend={backend}", "eval.max_windows=20", "eval.batch_size=16",
