@@ -10,12 +10,13 @@ from finetune_helpers import WORDS, model_dir, qa, write_jsonl
 
 from tinystack.config import DataConfig
 from tinystack.data.io.rejects import Rejects
+from tinystack.eval.scoring import score_batches
 from tinystack.infer.chat import ChatFormatter, chat_formatter, encode_chat
 from tinystack.model import load_model
 from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune_batches import ConversationBatches, encode_conversation, fixed_batches, pad_batch
 from tinystack.train.finetune_data import ConversationError, conversation_messages, prepare_conversations
-from tinystack.train.loss import IGNORE_INDEX, batches_loss
+from tinystack.train.loss import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +149,10 @@ def test_padding_leaks_nothing(llama_dir):
         batched = model(torch.from_numpy(x))[0][0, :len(short.ids) - 1]
     assert torch.allclose(alone, batched, atol=1e-5)
     # so the batch loss is the token-weighted mean of each conversation's own loss
-    (la, na), (lb, nb) = (batches_loss(model, [pad_batch([e], 0)], "float32", "cpu") for e in (short, long))
-    both, n = batches_loss(model, fixed_batches([short, long], 2, 0), "float32", "cpu")
+    a, b = (score_batches(model, [pad_batch([e], 0)]) for e in (short, long))
+    (la, na), (lb, nb) = (a.loss, a.tokens), (b.loss, b.tokens)
+    scored = score_batches(model, fixed_batches([short, long], 2, 0))
+    both, n = scored.loss, scored.tokens
     assert n == na + nb == short.n_targets + long.n_targets
     assert both == pytest.approx((la * na + lb * nb) / n, rel=1e-5)
 

@@ -9,6 +9,7 @@ from finetune_helpers import write_jsonl
 from planted_facts import FACTS, GENERAL_TEST, OPEN_PROMPTS, conversations, heldout_questions
 
 from tinystack.config import FINETUNE_DEFAULTS, InferConfig, ServeConfig, load_config
+from tinystack.eval.scoring import score_batches
 from tinystack.infer import LLM, AsyncEngine, SamplingParams
 from tinystack.infer.chat import chat_formatter, encode_chat
 from tinystack.model import load_model
@@ -16,7 +17,6 @@ from tinystack.serve import create_app, run_in_background
 from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune import finetune
 from tinystack.train.finetune_batches import encode_conversation, fixed_batches
-from tinystack.train.loss import batches_loss
 
 transformers = pytest.importorskip("transformers")
 # nats per token the base model's own answers to general prompts may become less likely after fine-tuning
@@ -36,7 +36,7 @@ def _answers_loss(model_dir, questions, answers):
     fmt = chat_formatter(model_dir, tok)
     examples = [encode_conversation([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
                                     fmt, tok, 256) for q, a in zip(questions, answers)]
-    return batches_loss(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id), "float32", "cpu")[0]
+    return score_batches(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id)).loss
 
 
 @pytest.mark.slow  # 16 LoRA steps and generation on a 135M model: ~60 s on an idle 2-core machine

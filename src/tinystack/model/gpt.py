@@ -91,7 +91,7 @@ def head_and_loss(x: torch.Tensor, norm: nn.Module, head: nn.Module, targets: to
     logits = head(x)
     loss = None
     if targets is not None:
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
     return logits, loss
 
 

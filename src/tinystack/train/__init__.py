@@ -22,14 +22,12 @@ from tinystack.lazy import lazy_exports
 
 _EXPORTS = {
     "BatchSampler": "tinystack.train.batches",
-    "eval_batches": "tinystack.train.batches",
     "get_batch": "tinystack.train.batches",
     "load_checkpoint": "tinystack.train.checkpoint",
     "save_checkpoint": "tinystack.train.checkpoint",
     "save_model_dir": "tinystack.train.checkpoint",
     "NonFiniteLossError": "tinystack.train.loop",
     "TrainResult": "tinystack.train.loop",
-    "estimate_loss": "tinystack.train.loss",
     "finetune": "tinystack.train.finetune",
     "inject_lora": "tinystack.train.lora",
     "merge_lora": "tinystack.train.lora",
@@ -39,6 +37,6 @@ _EXPORTS = {
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["BatchSampler", "NonFiniteLossError", "TrainResult", "estimate_loss", "eval_batches", "finetune",
+__all__ = ["BatchSampler", "NonFiniteLossError", "TrainResult", "finetune",
            "get_batch", "inject_lora", "load_checkpoint", "make_optimizer", "merge_lora", "save_checkpoint",
            "save_model_dir", "train", "train_model"]

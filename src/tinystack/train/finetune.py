@@ -200,13 +200,16 @@ def heldout_cases(records: list[Any], tokenizer: Any, n_cases: int, max_len: int
 
 def heldout_comparison(model: torch.nn.Module, base_dir: Path, val_batches: Any, dtype: str, device: str,
                        n: int) -> dict[str, Any]:
-    """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches."""
+    """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches: the one
+    scoring function (eval.scoring.score_batches), in the training precision."""
+    from tinystack.eval.scoring import score_batches
     from tinystack.model.io import load_model
-    from tinystack.train.loss import batches_loss
+    from tinystack.train.precision import autocast
 
     if not val_batches:
         return {"conversations": 0, "assistant_tokens": 0, "base_loss": None, "finetuned_loss": None, "delta": None}
-    tuned, count = batches_loss(model, val_batches, dtype, device)
-    base, _ = batches_loss(load_model(base_dir, device=device), val_batches, dtype, device)
-    return {"conversations": n, "assistant_tokens": count, "base_loss": base, "finetuned_loss": tuned,
-            "delta": tuned - base}
+    with autocast(dtype, torch.device(device).type):
+        tuned = score_batches(model, val_batches, device=device)
+        base = score_batches(load_model(base_dir, device=device), val_batches, device=device)
+    return {"conversations": n, "assistant_tokens": tuned.tokens, "base_loss": base.loss,
+            "finetuned_loss": tuned.loss, "delta": tuned.loss - base.loss}
