@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 
 from tinystack.serve.api.context import RequestContext, get_context, request_context
 from tinystack.serve.api.errors import AUTH_ERROR, SERVER_ERROR, ApiError
-from tinystack.serve.api.requests import Prepared, prepare, with_model_defaults
+from tinystack.serve.api.requests import Prepared, body_sampling, prepare
 from tinystack.serve.api.schemas import GenerateRequest
 from tinystack.serve.state import ServerState
 
@@ -73,8 +73,7 @@ def validated_request(body: GenerateRequest, state: State, ctx: Context) -> Prep
     try:
         prep = prepare(state, body.prompt,
                        max_tokens=body.max_tokens if "max_tokens" in body.model_fields_set else None,
-                       seed=body.seed, **with_model_defaults(state, body, temperature=body.temperature,
-                                                             top_k=body.top_k, top_p=body.top_p))
+                       **body_sampling(state, body))
     except ApiError as e:  # /generate keeps the foundation's 422 for a field out of range
         if e.status == 400 and e.code == "invalid_value":
             e.status, e.code = 422, "validation_error"
