@@ -56,7 +56,7 @@ def test_bad_lines_are_quarantined_with_line_numbers(tmp_path, llama_dir):
     with open(path, "ab") as f:
         f.write(b'{"prompt": "caf\xe9", "completion": "x"}\n')  # invalid UTF-8
     rejects = Rejects()
-    prep = prepare_conversations(path, fmt, DataConfig(near_dedup=False), 0.0, rejects)
+    prep = prepare_conversations(path, fmt, DataConfig(near_dedup=False, val_fraction=0.0), rejects)
     got = [(e["line"], e["reason"]) for e in rejects.entries]
     assert got == [(2, "invalid_json"), (3, "not_object"), (5, "no_assistant"), (6, "bad_source"),
                    (8, "invalid_utf8")]
@@ -71,7 +71,7 @@ def test_dedup_then_split_by_source(tmp_path, llama_dir):
     rows += [rows[0], rows[3]]  # exact duplicates (same text, same source)
     rows.append({**rows[1], "source": "src5"})  # the same conversation in another source: dropped too
     rejects = Rejects()
-    prep = prepare_conversations(write_jsonl(tmp_path / "c.jsonl", rows), fmt, DataConfig(), 0.3, rejects)
+    prep = prepare_conversations(write_jsonl(tmp_path / "c.jsonl", rows), fmt, DataConfig(val_fraction=0.3), rejects)
     dedup = prep.steps[0]
     assert dedup.dropped["exact_duplicate"] == 3 and len(prep.train) + len(prep.val) == 12
     train_src, val_src = {r.source for r in prep.train}, {r.source for r in prep.val}

@@ -99,12 +99,9 @@ def dedup(cfg: Config, input: InputOpt, out: OutDir,
                 "data.leakage_threshold", *FIELDS)
 def split(cfg: Config, input: InputOpt, out: OutDir, progress: Progress = True) -> None:
     """Split by source or time (never random) and remove cross-split near duplicates."""
-    from tinystack.data.options import prepare_kwargs
     from tinystack.data.tools import split_files
 
-    kw = {k: v for k, v in prepare_kwargs(cfg.data).items() if k in ("split_by", "val_fraction", "test_fraction",
-                                                                     "val_from", "test_from", "fields", "leakage")}
-    _show(split_files(input, out, progress=progress, **kw), f"split -> {out}")
+    _show(split_files(input, out, cfg.data, progress=progress), f"split -> {out}")
 
 
 @app.command("prepare")

@@ -8,6 +8,8 @@
     prompts -> greedy + sampled continuations -> distinct-n, repetition rate (generation.py)
     held-out documents / conversations, prompts -> cases.jsonl (case_sets.py; chat cases in the model's template)
     cases.jsonl -> NEW vs BASELINE, better/worse table, exit status (regression.py, gate.py)
+    new model_dir -> the promotion gate against the name's current model -> the registry (promotion.py,
+        registry.py; `tinystack models list | show | promote | rollback`)
     eval.json + regression.json + train_log.jsonl -> report.md + report.html (report.py, plots.py)
     labels -> accuracy, per-class precision/recall/F1, confusion matrix (classify.py; any classifier)
 """

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from typing import AsyncIterator
 
+from tinystack.config import InferConfig
 from tinystack.infer.llm_engine import LLMEngine
 from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.infer.sampler import SamplingParams
@@ -69,12 +70,12 @@ class AsyncEngine:
         self._thread.start()
 
     @classmethod
-    def from_dir(cls, model_dir, *, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
-                 quantize: str | None = None, **engine_kwargs) -> AsyncEngine:
+    def from_dir(cls, model_dir, config: InferConfig | None = None, device: str = "cpu") -> AsyncEngine:
+        """The engine for a model directory, loaded and built from [infer] (`config`, whole)."""
         from tinystack.infer.llm import load_for_inference
 
-        model, tok = load_for_inference(model_dir, backend, device, dtype, quantize)
-        return cls(LLMEngine(model, tok, **engine_kwargs))
+        model, tok = load_for_inference(model_dir, config, device)
+        return cls(LLMEngine(model, tok, config))
 
     # -- caller side (event loop) --
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:

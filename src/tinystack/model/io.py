@@ -217,7 +217,7 @@ _init_lock = threading.Lock()
 def _meta_init_skipped() -> Iterator[None]:
     """torch.nn.init's functions return meta tensors untouched (every other tensor is initialised as usual, so
     another thread building a real model meanwhile is unaffected). On meta they compute nothing anyway, but the
-    first meta normal_ of a process imports sympy (~2 s)."""
+    first meta normal_ of a process imports sympy (seconds of start-up)."""
     with _init_lock:
         saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
 

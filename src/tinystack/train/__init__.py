@@ -14,9 +14,9 @@
 Fine-tuning (`tinystack finetune`, finetune.py) runs the same loop (loop.train_model) on a pretrained
 model directory: conversations JSONL -> finetune_data (validate, quarantine, dedup, split by source)
 -> finetune_batches (chat-template tokens, loss on assistant tokens only, padded batches) ->
-all weights, or LoRA adapters (lora.py) merged on save -> an ordinary model directory + a held-out
-base-vs-fine-tuned comparison. Its linear layers run their products as matmul_plan.py measured fastest
-for each shape on this machine (planned_linear.py; linear_ops.cpp).
+all weights, or LoRA adapters (lora.py; on AMX CPUs their product fused, lora_amx.py) merged on save -> an
+ordinary model directory + a held-out base-vs-fine-tuned comparison. Its linear layers run their products as
+matmul_plan.py measured fastest for each shape on this machine (planned_linear.py; linear_ops.cpp).
 """
 from tinystack.lazy import lazy_exports
 

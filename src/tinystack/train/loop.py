@@ -208,7 +208,7 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     tokens_done = 0  # positions fed to the model since start (all ranks): the work, padding included
     loss_value = float("nan")
     t_start = time.perf_counter()
-    # no auto-refresh thread: rich's redraws 10x a second (~2 ms each, measured) on a thread that preempts torch's
+    # no auto-refresh thread: rich redraws 10 times a second on a thread of its own, which preempts torch's
     # compute threads at random; the loop redraws itself between steps, at most once every REFRESH_S
     bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeRemainingColumn(), disable=not (progress and info.is_main), transient=False, auto_refresh=False)
@@ -305,7 +305,7 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
         opt.zero_grad(set_to_none=True)
         raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping ({DIVERGED})")
     scaler.unscale_(opt)
-    # foreach: one multi-tensor norm and scale instead of two small ops per tensor (~20% less clipping time on CPU)
+    # foreach: one multi-tensor norm and scale instead of two small ops per tensor (less clipping time on CPU)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip,
                                                      foreach=dev.type in ("cpu", "cuda")))
     if not math.isfinite(grad_norm) and not scaler.is_enabled():  # fp16: the scaler skips such steps itself

@@ -31,10 +31,10 @@ def stage_train(cfg: Config, tok_dir: Path, model_dir: Path, log_path: Path, lin
     lineage = {**(read_json(lineage_path) if lineage_path.is_file() else {}),
                "tokenizer_hash": tok.fingerprint(), **(lineage or {})}
     m = cfg.model
-    gcfg = GPTConfig(vocab_size=tok.vocab_size, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
+    gcfg = GPTConfig(vocab_size=tok.vocab_size, block_size=m.context_length, n_layer=m.n_layer, n_head=m.n_head,
                      n_embd=m.n_embd, dropout=m.dropout)
     val_path = tok_dir / "val.bin"
-    val = load_tokens(val_path) if val_path.is_file() and len(load_tokens(val_path)) > m.block_size else None
+    val = load_tokens(val_path) if val_path.is_file() and len(load_tokens(val_path)) > m.context_length else None
     train_tokens = load_tokens(tok_dir / "train.bin")
     if cfg.train.backend == "numpy":
         if resume:

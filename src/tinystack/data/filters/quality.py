@@ -117,7 +117,7 @@ class SymbolFilter(Step):
         visible = len("".join(t.split()))
         if visible == 0:
             return "symbol_ratio"
-        if t.isascii():  # byte-level counting, ~20x faster than per-character Python
+        if t.isascii():  # byte-level counting: far faster than per-character Python
             b = t.encode("ascii")
             symbols = len(b.translate(None, _ASCII_NOT_SYMBOL))
             digits = len(b) - len(b.translate(None, _ASCII_DIGITS))
