@@ -1,5 +1,5 @@
 """A model directory's sampling defaults (infer/generation_config.py): the fields vLLM reads from
-generation_config.json, checked against the API's ranges, one line naming the file and field when bad."""
+generation_config.json, checked against SamplingParams' ranges, one line naming the file and field when bad."""
 import json
 
 import pytest
@@ -33,8 +33,8 @@ def test_no_file_none_or_null_values_give_no_defaults(tmp_path):
     ({"temperature": 2.5}, "temperature must be in [0.0, 2.0], got 2.5"),
     ({"top_p": 0}, "top_p must be in (0.0, 1.0], got 0"),
     ({"top_k": 2.5}, "top_k must be a number (whole), got 2.5"),
-    ({"top_k": -2}, "top_k must be in [-1,"),
-    ({"repetition_penalty": 0}, "repetition_penalty must be in [0.01, 10.0], got 0"),
+    ({"top_k": -2}, "top_k must be >= -1, got -2"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be > 0.0, got 0"),
     ("[1, 2]", "expected a JSON object"),
     ("{not json", "cannot read it"),
 ])

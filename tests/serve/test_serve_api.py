@@ -62,11 +62,11 @@ BAD_BODIES = [
     ({"prompt": PROMPT, "max_tokens": 0}, 422, "max_tokens"),
     ({"prompt": PROMPT, "max_tokens": 33}, 422, "max_tokens"),  # over max_tokens_limit=32
     ({"prompt": PROMPT, "temperature": -0.1}, 422, "temperature"),
-    ({"prompt": PROMPT, "temperature": 5.5}, 422, "temperature"),
+    ({"prompt": PROMPT, "temperature": 2.5}, 422, "temperature"),  # the range every entry point shares: [0, 2]
     ({"prompt": PROMPT, "temperature": "hot"}, 422, "temperature"),
     ({"prompt": PROMPT, "top_p": 0}, 422, "top_p"),
     ({"prompt": PROMPT, "top_p": 1.5}, 422, "top_p"),
-    ({"prompt": PROMPT, "top_k": -1}, 422, "top_k"),
+    ({"prompt": PROMPT, "top_k": -2}, 422, "top_k"),  # -1 is off, as in vLLM
     ({"prompt": PROMPT, "top_k": 1.5}, 422, "top_k"),
     ({"prompt": PROMPT, "seed": -1}, 422, "seed"),
     ({"prompt": PROMPT, "seed": 2**70}, 422, "seed"),

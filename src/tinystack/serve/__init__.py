@@ -5,8 +5,9 @@ Data flow of POST /v1/completions (chat and /generate are the same past parsing)
     HTTP request
       -> RequestContextMiddleware  request id, timing "arrival", timing headers        (api/middleware.py)
       -> BodyLimitMiddleware       413 over max_body_bytes                              (guards/body_limit.py)
+      -> authenticate              API key (Bearer, hashed, constant time) -> 401, on every route unless
+                                   listed open                                          (api/deps.py, guards/auth.py)
       -> CompletionRequest         pydantic: types, ranges, no unknown fields -> 400   (api/openai_schemas.py)
-      -> caller                    API key (Bearer, hashed, constant time) -> 401      (api/deps.py, guards/auth.py)
       -> prepare_completion        prompt -> ids; context / limits with numbers -> 400 (api/requests.py, infer/chat.py)
       -> check_rate                per-key token buckets -> 429 + Retry-After          (guards/ratelimit.py)
       -> execution.run             breaker open -> fallback / 503; gate full -> 429

@@ -4,7 +4,9 @@
                                the app's Observer: metrics, log line, spans, cost (api/middleware.py)
     BodyLimitMiddleware        413 for bodies over max_body_bytes, before they are read (guards/body_limit.py)
     error handlers             one OpenAI-shaped error body for every failure (api/errors.py)
-    routes                     /generate, /v1/*, /health, /ready, /metrics (api/routes.py)
+    authenticate               the API key check, a dependency of the app's root router: every route needs a
+                               key unless it is on the open list (api/deps.py)
+    routes                     /generate, /v1/*, /health, /ready, /metrics (api/routes.py); the pages (ui/pages.py)
     lifespan                   builds the ServerState (engine adapter, gate, breaker, rate
                                limiter, API keys, chat template) and the watchdog when the
                                server starts, and starts the Observer (engine gauges, batch
@@ -23,7 +25,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from tinystack.atomic import read_json
 from tinystack.config import ServeConfig
@@ -33,6 +35,7 @@ from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
 from tinystack.observe.tracing import make_tracer
+from tinystack.serve.api.deps import authenticate
 from tinystack.serve.api.errors import install_error_handlers
 from tinystack.serve.api.middleware import RequestContextMiddleware
 from tinystack.serve.api.routes import router
@@ -144,7 +147,7 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
             state.adapter.close()
 
     app = FastAPI(title="tinystack", summary="Text generation with a tiny GPT; OpenAI-compatible.",
-                  lifespan=lifespan)
+                  lifespan=lifespan, dependencies=[Depends(authenticate)])  # on every route: opt out by name
     app.state.engine = engine
     app.state.serve_config = cfg
     app.state.server = None

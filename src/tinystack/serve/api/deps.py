@@ -1,8 +1,11 @@
-"""FastAPI dependencies: the running server's state, the caller's identity, and /generate's checks.
+"""FastAPI dependencies: the running server's state, the API key check, the caller's identity, /generate's checks.
 
     get_state        the ServerState of the running server (503 outside its lifespan)
-    caller           API key check (401) -> the caller's id for rate limits: the key's hash
-                     prefix, or "anonymous" when authentication is off
+    authenticate     the app's one API key check (401), a dependency of the app's root router (app.py), so it
+                     runs for every route, including one added later on any router; only the routes on
+                     OPEN_ROUTES (always) and PROBE_ROUTES (when cfg.open_health) are let through without a key
+    caller           the caller's id for rate limits and cost, as `authenticate` found it: the key's hash
+                     prefix, or "anonymous" when authentication is off (a route asks for it, not for a check)
     validated_request  GenerateRequest -> Prepared (requests.prepare; numbers in every message)
 """
 from __future__ import annotations
@@ -11,9 +14,9 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from tinystack.serve.api.context import RequestContext, request_context
+from tinystack.serve.api.context import RequestContext, get_context, request_context
 from tinystack.serve.api.errors import AUTH_ERROR, SERVER_ERROR, ApiError
-from tinystack.serve.api.requests import Prepared, prepare, with_model_defaults
+from tinystack.serve.api.requests import Prepared, body_sampling, prepare
 from tinystack.serve.api.schemas import GenerateRequest
 from tinystack.serve.state import ServerState
 
@@ -29,22 +32,37 @@ State = Annotated[ServerState, Depends(get_state)]
 Context = Annotated[RequestContext, Depends(request_context)]
 
 
-async def caller(request: Request, state: State, ctx: Context) -> str:
-    """401 unless the request carries a valid key (when keys are configured)."""
-    if not state.keys.enabled:
-        return "anonymous"
+# The routes served without a key, by path. The browser pages and their scripts hold no data (the calls they
+# make carry the key typed into the page); FastAPI's /openapi.json and /docs describe the API (they are plain
+# Starlette routes: no dependency could guard them anyway).
+OPEN_ROUTES = frozenset({"/", "/dashboard", "/ui/{name}", "/openapi.json", "/docs", "/docs/oauth2-redirect",
+                         "/redoc"})
+# Probes for load balancers and Prometheus, which hold no key: open unless cfg.open_health is false.
+PROBE_ROUTES = frozenset({"/health", "/ready", "/metrics", "/metrics.json"})
+
+
+async def authenticate(request: Request) -> None:
+    """401 unless the request carries a valid key (when keys are configured) or its route is open; the key's id
+    goes to the request's context (log line, cost metrics, rate limits: `caller`)."""
+    route = request.scope.get("route")
+    path = getattr(route, "path", None)
+    if path in OPEN_ROUTES:  # before get_state: the pages load even while the server starts or stops
+        return
+    state = await get_state(request)
+    if not state.keys.enabled or (path in PROBE_ROUTES and state.cfg.open_health):
+        return
     who = state.keys.identify(request.headers.get("authorization"))
     if who is None:
         raise ApiError(401, "missing or invalid API key (send Authorization: Bearer <key>)", "invalid_api_key",
                        AUTH_ERROR, headers={"WWW-Authenticate": "Bearer"})
-    ctx.key_id = who  # the key hash's first 12 hex digits: in the log line and cost metrics, never the key
-    return who
+    ctx = get_context(request)
+    if ctx is not None:
+        ctx.key_id = who  # the key hash's first 12 hex digits: in the log line and cost metrics, never the key
 
 
-async def open_or_caller(request: Request, state: State, ctx: Context) -> None:
-    """Health-type endpoints: open when cfg.open_health, else the same check as `caller`."""
-    if not state.cfg.open_health:
-        await caller(request, state, ctx)
+async def caller(ctx: Context) -> str:
+    """The caller's id (`authenticate` ran first: it is the app's dependency): for rate limits."""
+    return ctx.key_id
 
 
 Caller = Annotated[str, Depends(caller)]
@@ -55,8 +73,7 @@ def validated_request(body: GenerateRequest, state: State, ctx: Context) -> Prep
     try:
         prep = prepare(state, body.prompt,
                        max_tokens=body.max_tokens if "max_tokens" in body.model_fields_set else None,
-                       seed=body.seed, **with_model_defaults(state, body, temperature=body.temperature,
-                                                             top_k=body.top_k, top_p=body.top_p))
+                       **body_sampling(state, body))
     except ApiError as e:  # /generate keeps the foundation's 422 for a field out of range
         if e.status == 400 and e.code == "invalid_value":
             e.status, e.code = 422, "validation_error"

@@ -1,9 +1,12 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic v2), and their extras.
 
-The fields are OpenAI's (https://platform.openai.com/docs/api-reference), with the
-same ranges, plus vLLM-style extras that the `openai` client sends with `extra_body`:
-`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, and `timeout` (seconds; may
-only lower the server's timeout). Unknown fields are rejected at every level, inside
+The fields are OpenAI's (https://platform.openai.com/docs/api-reference), plus vLLM-style extras that the
+`openai` client sends with `extra_body`: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, and `timeout`
+(seconds; may only lower the server's timeout). The sampling fields (temperature, top_p, seed, the
+penalties, top_k, min_p, ...) are made from SamplingParams' table (schemas.sampling_fields): their names,
+defaults and ranges (OpenAI's where it has the field, else vLLM's) are declared once, in infer/sampler.py;
+`logprobs` keeps each endpoint's own shape (completions: an int; chat: a bool + `top_logprobs`), with the
+table's range. Unknown fields are rejected at every level, inside
 `messages[]` too (a typo must not fall back to a default silently); the fields of
 OpenAI's answer message that this server never produces (`refusal`, `tool_calls`, ...)
 are accepted as null, which is what a client echoes back. Strings are not numbers;
@@ -19,9 +22,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
 
-from tinystack.serve.api.schemas import SEED_MAX, STRICT, RequestBody
+from tinystack.infer.sampler import KNOBS
+from tinystack.serve.api.schemas import STRICT, RequestBody, knob_field, sampling_fields
 
 StopText = Annotated[str, Field(min_length=1)]
 Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
@@ -32,30 +36,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Sampling(RequestBody):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class _Fields(RequestBody):
+    """The fields of /v1/completions and /v1/chat/completions that are not sampling parameters."""
 
     model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
-    max_tokens: int | None = Field(None, ge=1, description="Default: ServeConfig.default_max_tokens, capped by "
-                                                           "what fits in the context.")
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=128, description="Choices; at most ServeConfig.max_n.")
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Stop = Field(None, description="Up to 4 non-empty strings; the text ends before the first one found.")
-    seed: int | None = Field(None, ge=0, le=SEED_MAX)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = Field(None, max_length=256)
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100], "
                                                                  "added to its logit before sampling.")
-    # extras (vLLM names)
-    top_k: int = Field(0, ge=-1, description="0 or -1 = off.")
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, ge=0.01, le=10.0)
     ignore_eos: bool = False
     timeout: float | None = Field(None, gt=0.0, le=3600.0, description="Seconds; only lowers the server's.")
+
+
+# logprobs: each endpoint's own shape, below; max_tokens: omitted = the server's default (requests.prepare)
+OPENAI_EXCLUDES = ("logprobs",)
+_MAX_TOKENS = "Default: ServeConfig.default_max_tokens, capped by what fits in the context."
+_Sampling = create_model("_Sampling", __base__=_Fields, __doc__="Fields shared by /v1/completions and "
+                         "/v1/chat/completions.", **{**sampling_fields(exclude=OPENAI_EXCLUDES),
+                                                     "max_tokens": knob_field(KNOBS["max_tokens"], None, _MAX_TOKENS)})
 
 
 def _prompt_kind(value: object) -> str:
@@ -74,7 +75,7 @@ class CompletionRequest(_Sampling):
                             Annotated[list[int], Field(min_length=1), Tag("list[int]")]],
                       Discriminator(_prompt_kind)] = Field(
         description="A string, a list holding one string, or token ids (as /tokenize gives them).")
-    logprobs: int | None = Field(None, ge=0, le=5, description="Logprobs of the chosen and the top-k tokens.")
+    logprobs: int | None = knob_field(KNOBS["logprobs"])[1]
 
 
 class ResponseFormat(BaseModel):
@@ -119,5 +120,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (the newer name); "
                                                                       "give one of the two, not both.")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="Needs logprobs: true.")
+    top_logprobs: int | None = Field(None, description="The n most likely tokens' logprobs; needs logprobs: true.",
+                                     **KNOBS["logprobs"].bounds)
     response_format: ResponseFormat | None = None

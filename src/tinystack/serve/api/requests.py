@@ -13,9 +13,10 @@ Checks, in order (each an ApiError with the numbers in the message):
                                                                 tokens (at most C - M prompt tokens)"
     SamplingParams rejects a value                           -> 400
 
-An omitted max_tokens is min(default_max_tokens, max_tokens_limit, context left); an omitted temperature,
-top_p, top_k, min_p or repetition_penalty is the model's own (its generation_config.json, when it sets one
-and [serve] model_sampling_defaults is on), else the API's default.
+An omitted max_tokens is min(default_max_tokens, max_tokens_limit, context left); an omitted sampling
+parameter that a model may set (SamplingParams' `model_default` ones: temperature, top_p, top_k, min_p,
+repetition_penalty) is the model's own (its generation_config.json, when it sets one and [serve]
+model_sampling_defaults is on), else the table's default.
 A temperature below 1e-5 is greedy (as in vLLM): dividing logits by it would overflow;
 a top_p below 1e-6 is 1e-6 (float32 would round it to 0 and drop every token).
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
 from tinystack.infer.llm_engine import PromptError, PromptTooLongError
-from tinystack.infer.sampler import SamplingParams
+from tinystack.infer.sampler import KNOBS, LOGIT_BIAS_MAX, SamplingParams
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.state import ServerState
@@ -90,8 +91,6 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
                                    f"{len(ids)} + {max_tokens} = {len(ids) + max_tokens} exceeds the model's context "
                                    f"of {ctx} tokens (max_seq_len - max_tokens = {ctx - max_tokens} prompt tokens "
                                    f"at most)", code="context_length_exceeded")
-    if sampling.get("top_k") == -1:
-        sampling["top_k"] = 0
     if 0 < sampling.get("temperature", 1.0) < GREEDY_BELOW:  # logits / 1e-300 overflow to inf -> NaN probs
         sampling["temperature"] = 0.0
     if "top_p" in sampling:  # a top_p that float32 rounds to 0 would drop every token
@@ -104,11 +103,15 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
     return Prepared(prompt, ids, params, n, stops, timeout_s)
 
 
-def with_model_defaults(state: ServerState, body: Any, **sampling: Any) -> dict[str, Any]:
-    """`sampling` (the body's values) with each field the body omitted taken from the model's defaults
+_OWN = ("max_tokens", "logprobs")  # sampling parameters a body spells its own way (see body_sampling)
+
+
+def body_sampling(state: ServerState, body: Any) -> dict[str, Any]:
+    """The body's sampling parameters (every field of SamplingParams' table but max_tokens and logprobs:
+    prepare's and each endpoint's own), each one it omitted taken from the model's defaults
     (state.sampling_defaults: its generation_config.json), as vLLM does."""
-    return {k: state.sampling_defaults[k] if k in state.sampling_defaults and k not in body.model_fields_set else v
-            for k, v in sampling.items()}
+    return {k: state.sampling_defaults[k] if k in state.sampling_defaults and k not in body.model_fields_set
+            else getattr(body, k) for k in KNOBS if k not in _OWN}
 
 
 def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -120,19 +123,15 @@ def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> tuple[tupl
         if not key.isdigit() or int(key) >= vocab:
             raise _param("logit_bias", f"logit_bias key {key[:20]!r} is not a token id of this model's vocabulary "
                                        f"(0 to {vocab - 1})")
-        if not -100.0 <= value <= 100.0:
+        if not -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX:
             raise _param("logit_bias", f"logit_bias[{key}] = {value}: a bias must be in [-100, 100]")
         out.append((int(key), float(value)))
     return tuple(out)
 
 
 def _common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
-    sampling = with_model_defaults(state, body, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                                   min_p=body.min_p, repetition_penalty=body.repetition_penalty)
-    return dict(n=body.n, stop=body.stop, timeout=body.timeout, seed=body.seed, **sampling,
-                logit_bias=_logit_bias(state, body.logit_bias),
-                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                ignore_eos=body.ignore_eos)
+    return dict(n=body.n, stop=body.stop, timeout=body.timeout, **body_sampling(state, body),
+                logit_bias=_logit_bias(state, body.logit_bias), ignore_eos=body.ignore_eos)
 
 
 def _streaming(prep: Prepared, body: CompletionRequest | ChatCompletionRequest) -> Prepared:

@@ -8,18 +8,22 @@
     GET  /health  /ready            open unless cfg.open_health is false
     GET  /metrics                   Prometheus text format (tinystack.observe.metrics); open likewise
     GET  /metrics.json              the counters and settings as JSON (the serving layer's own view)
+
+No route here checks the API key: the app's root router does, for every route (deps.authenticate); the open
+ones are listed there (deps.OPEN_ROUTES, deps.PROBE_ROUTES). A route that needs the caller's id (rate limits)
+asks for `Caller`.
 """
 from __future__ import annotations
 
 import time
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tinystack.observe.metrics import CONTENT_TYPE
 from tinystack.serve.api import openai_service, service, tokenize
-from tinystack.serve.api.deps import Caller, Context, State, Validated, open_or_caller
+from tinystack.serve.api.deps import Caller, Context, State, Validated
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.api.requests import Prepared, prepare_chat, prepare_completion, prepare_off_loop
@@ -31,7 +35,6 @@ router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
                                             for code in (400, 401, 413, 422, 429, 500, 503, 504)}
-_OPEN = [Depends(open_or_caller)]
 _SSE_EVENT = {"type": "object", "description": "One server-sent event (the schema of each event, not of the "
                                               "whole body).", "required": ["data"],
               "properties": {"data": {"type": "string", "description": "A chunk as JSON (a completion or "
@@ -125,7 +128,7 @@ async def chat_completions(request: Request, body: ChatCompletionRequest, state:
 
 
 @router.post("/tokenize", response_model=tokenize.TokenizeResponse, responses=_ERRORS)
-async def tokenize_prompt(body: tokenize.TokenizeRequest, state: State, who: Caller) -> Any:
+async def tokenize_prompt(body: tokenize.TokenizeRequest, state: State) -> Any:
     """The token ids /v1/completions (`prompt`) or /v1/chat/completions (`messages`) would run."""
     chars = len(body.prompt or "") + sum(len(m.content) if isinstance(m.content, str) else 1000
                                          for m in body.messages or [])
@@ -133,39 +136,39 @@ async def tokenize_prompt(body: tokenize.TokenizeRequest, state: State, who: Cal
 
 
 @router.post("/detokenize", response_model=tokenize.DetokenizeResponse, responses=_ERRORS)
-async def detokenize_ids(body: tokenize.DetokenizeRequest, state: State, who: Caller) -> Any:
+async def detokenize_ids(body: tokenize.DetokenizeRequest, state: State) -> Any:
     """The text of token ids."""
     return await prepare_off_loop(tokenize.detokenize, state, body, len(body.tokens))
 
 
 @router.get("/v1/models", responses=_ERRORS)
-async def models(state: State, who: Caller) -> dict[str, Any]:
+async def models(state: State) -> dict[str, Any]:
     """The model this server serves."""
     return service.models(state)
 
 
-@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}}, dependencies=_OPEN)
+@router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
 async def health(state: State) -> Any:
     """Is the engine loop alive and stepping (503 if not), and the load; never waits for a generation."""
     body, status = service.health(state)
     return JSONResponse(body.model_dump(), status_code=status)
 
 
-@router.get("/ready", dependencies=_OPEN)
+@router.get("/ready")
 async def ready(state: State) -> Any:
     """200 when the model is loaded and the server is not draining; 503 otherwise."""
     body, status = service.ready(state)
     return JSONResponse(body, status_code=status)
 
 
-@router.get("/metrics", dependencies=_OPEN, response_class=Response)
+@router.get("/metrics", response_class=Response)
 async def metrics(request: Request, state: State) -> Response:
     """Prometheus metrics (text exposition format): latency histograms, tokens, failures, cost per key,
     engine gauges, GC pauses and event-loop lag (see tinystack.observe.metrics)."""
     return Response(request.app.state.observer.metrics.render(), media_type=CONTENT_TYPE)
 
 
-@router.get("/metrics.json", dependencies=_OPEN)
+@router.get("/metrics.json")
 async def metrics_json(state: State) -> dict[str, Any]:
     """Counters since start (degraded answers, engine failures, 429s, timeouts, aborts), the engine's
     sequences ended by finish reason, and the settings."""

@@ -8,6 +8,10 @@ one either, but `5.0` is (JSON Schema's "integer", which /openapi.json states, i
 with no fraction, and OpenAI accepts it); unknown fields are rejected, so a typo never
 silently falls back to a default.
 
+The sampling fields are not written here: `sampling_fields` makes them from SamplingParams' table
+(infer/sampler.py's KNOBS: name, type, default, range, description), for /generate here and for the OpenAI
+bodies (openai_schemas.py), so a parameter and its range are declared once and /openapi.json states them.
+
 Every request body is a `RequestBody`: before any field is looked at, the whole raw body
 (values and keys, at any depth) is searched for an unpaired UTF-16 surrogate (JSON allows
 `"\\ud800"`, but it is no Unicode text: the tokenizer, the log and the JSON answer cannot
@@ -17,12 +21,13 @@ errors.py answers with 400 `invalid_unicode` on every route.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed range we accept
+from tinystack.infer.sampler import KNOBS, Knob
+
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 UNPAIRED_SURROGATE = "unpaired_surrogate"
 # json.loads joins a valid pair into one code point, so any surrogate left in a str is unpaired
@@ -80,15 +85,25 @@ class RequestBody(BaseModel):
         return value
 
 
-class GenerateRequest(RequestBody):
-    """POST /generate body. temperature 0 = greedy; top_k 0 and top_p 1 = off."""
+def knob_field(knob: Knob, default: Any = ..., description: str | None = None) -> tuple[Any, Any]:
+    """A pydantic field definition (type, Field) of one sampling parameter: its range as Field constraints;
+    `default` / `description` replace the table's where a request means something else by omitting it."""
+    default = knob.default if default is ... else default
+    return (knob.kind if default is not None else Optional[knob.kind],
+            Field(default, description=description or knob.doc, **knob.bounds))
 
-    prompt: str = Field(description="Text to continue; at most ServeConfig.max_prompt_chars characters.")
-    max_tokens: int = Field(64, ge=1, description="New tokens to generate; at most ServeConfig.max_tokens_limit.")
-    temperature: float = Field(1.0, ge=0.0, le=5.0)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="Same seed + same request = same output.")
+
+def sampling_fields(exclude: tuple[str, ...] = (), **defaults: Any) -> dict[str, Any]:
+    """Field definitions of every sampling parameter but `exclude`, for pydantic's create_model."""
+    return {name: knob_field(knob, defaults.get(name, ...)) for name, knob in KNOBS.items() if name not in exclude}
+
+
+# logprobs: /generate's answer has no logprobs
+GENERATE_EXCLUDES = ("logprobs",)
+GenerateRequest = create_model(
+    "GenerateRequest", __base__=RequestBody, __doc__="POST /generate body: a prompt and every sampling parameter.",
+    prompt=(str, Field(description="Text to continue; at most ServeConfig.max_prompt_chars characters.")),
+    **sampling_fields(exclude=GENERATE_EXCLUDES))
 
 
 class Timing(BaseModel):
