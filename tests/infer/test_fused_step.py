@@ -17,9 +17,9 @@ from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import FORMATS
 from tinystack.infer.quant.linear import quantize_model
-from tinystack.infer.sampler import SamplingParams as Params
 from tinystack.infer.sequence import Sequence
 from tinystack.model.llama import Llama, LlamaConfig
+from tinystack.sampling_params import SamplingParams as Params
 
 pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
 

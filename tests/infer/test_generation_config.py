@@ -1,11 +1,11 @@
-"""A model directory's sampling defaults (infer/generation_config.py): the fields vLLM reads from
+"""A model directory's sampling defaults (model/generation_config.py): the fields vLLM reads from
 generation_config.json, checked against SamplingParams' ranges, one line naming the file and field when bad."""
 import json
 
 import pytest
 import torch
 
-from tinystack.infer.generation_config import sampling_defaults
+from tinystack.model.generation_config import sampling_defaults
 
 
 def _dir(tmp_path, config):

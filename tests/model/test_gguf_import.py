@@ -291,7 +291,7 @@ def test_a_llama_file_with_qkv_biases_imports_with_them(tmp_path, bpe):
 def test_a_files_recommended_sampling_becomes_the_models_defaults(tmp_path, bpe):
     """general.sampling.* (llama.cpp's converter copies them from generation_config.json) -> generation_config.json,
     where serve / generate read a model's sampling defaults; a bad value fails the import, naming it."""
-    from tinystack.infer.generation_config import sampling_defaults
+    from tinystack.model.generation_config import sampling_defaults
 
     meta = {"general.sampling.temp": 0.6, "general.sampling.top_p": 0.95, "general.sampling.top_k": 20,
             "general.sampling.penalty_repeat": 1.05}

@@ -9,8 +9,8 @@ import pytest
 
 from tinystack.config import InferConfig
 from tinystack.infer import LLMEngine
-from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.metrics import EngineCollector, EngineReading
+from tinystack.sampling_params import SamplingParams
 from tinystack.serve.replicas.routing import (
     ReplicaView,
     least_loaded,

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from tinystack.cli import app as cli
 from tinystack.config import ServeConfig
-from tinystack.infer.generation_config import sampling_defaults
-from tinystack.infer.sampler import KNOBS, Knob, SamplingParams
+from tinystack.model.generation_config import sampling_defaults
+from tinystack.sampling_params import KNOBS, Knob, SamplingParams
 from tinystack.serve import create_app
 from tinystack.serve.api import openai_schemas, schemas
 from tinystack.serve.api.requests import body_sampling

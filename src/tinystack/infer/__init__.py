@@ -38,7 +38,7 @@ _EXPORTS = {
     "RequestMetrics": "tinystack.infer.outputs",
     "RequestOutput": "tinystack.infer.outputs",
     "TokenDelta": "tinystack.infer.outputs",
-    "SamplingParams": "tinystack.infer.sampler",
+    "SamplingParams": "tinystack.sampling_params",
     "sample_batch": "tinystack.infer.sampler",
     "top_k_filter": "tinystack.infer.sampler",
     "top_p_filter": "tinystack.infer.sampler",

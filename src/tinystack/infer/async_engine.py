@@ -25,7 +25,7 @@ from tinystack.config import InferConfig
 from tinystack.infer.llm_engine import LLMEngine
 from tinystack.infer.loading import load_for_inference
 from tinystack.infer.outputs import RequestOutput, TokenDelta
-from tinystack.infer.sampler import SamplingParams
+from tinystack.sampling_params import SamplingParams
 
 
 class RequestStream:

@@ -23,7 +23,7 @@ import torch
 
 from tinystack.config import InferConfig
 from tinystack.infer.llm_engine import LLMEngine
-from tinystack.infer.sampler import SamplingParams
+from tinystack.sampling_params import SamplingParams
 
 
 class Recompute(torch.nn.Module):

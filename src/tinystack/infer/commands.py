@@ -46,8 +46,8 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
     """Generate a continuation of --prompt, or the answer to --chat, streaming it to the terminal."""
     from tinystack.infer import AdmissionError, LLMEngine, PromptError, SamplingParams, load_for_inference
     from tinystack.infer.chat import ChatTemplateError, chat_formatter, encode_chat
-    from tinystack.infer.generation_config import FILE, sampling_defaults
-    from tinystack.infer.sampler import KNOBS
+    from tinystack.model.generation_config import FILE, sampling_defaults
+    from tinystack.sampling_params import KNOBS
 
     if (prompt is None) == (chat is None):
         raise UserError("give exactly one of --prompt and --chat")

@@ -23,8 +23,9 @@ from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.loading import load_for_inference
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.paged_cache import KVStorage
-from tinystack.infer.sampler import is_greedy, sampling_probs
+from tinystack.infer.sampler import sampling_probs
 from tinystack.infer.sequence import Sequence
+from tinystack.sampling_params import is_greedy
 from tinystack.tokenizer import load_tokenizer
 
 

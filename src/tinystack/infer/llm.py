@@ -17,11 +17,11 @@ from typing import Sequence
 import torch
 
 from tinystack.config import InferConfig
-from tinystack.infer.generation_config import sampling_defaults
 from tinystack.infer.llm_engine import LLMEngine
 from tinystack.infer.loading import load_for_inference
 from tinystack.infer.outputs import RequestOutput
-from tinystack.infer.sampler import SamplingParams
+from tinystack.model.generation_config import sampling_defaults
+from tinystack.sampling_params import SamplingParams
 
 
 class LLM:

@@ -30,11 +30,12 @@ from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.infer.paged_cache import KVStorage
-from tinystack.infer.sampler import SampleRow, SamplingParams, is_greedy, sample_batch
+from tinystack.infer.sampler import SampleRow, sample_batch
 from tinystack.infer.scheduler import Scheduler
 from tinystack.infer.sequence import Sequence
 from tinystack.infer.speculative import build_speculator
 from tinystack.infer.step_stats import EngineCounters, StepRecord
+from tinystack.sampling_params import SamplingParams, is_greedy
 
 
 class PromptError(ValueError):

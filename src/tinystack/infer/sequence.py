@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinystack.infer.outputs import RequestMetrics
-from tinystack.infer.sampler import SamplingParams
+from tinystack.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -34,8 +34,9 @@ import torch
 from tinystack.config import InferConfig
 from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.draft_model import Draft, DraftModel, load_draft
-from tinystack.infer.sampler import has_penalties, is_greedy, logprob_info, sampling_probs
+from tinystack.infer.sampler import has_penalties, logprob_info, sampling_probs
 from tinystack.infer.sequence import Sequence
+from tinystack.sampling_params import is_greedy
 
 
 def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:

@@ -108,7 +108,7 @@ def _check_out(out: Path) -> None:
 
 
 def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
-    from tinystack.infer.generation_config import sampling_defaults
+    from tinystack.model.generation_config import sampling_defaults
     from tinystack.model.gguf_model import GGUFModel
     from tinystack.model.gguf_tokenizer import build_tokenizer
     from tinystack.model.stream_safetensors import write_streaming
@@ -142,7 +142,7 @@ def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
 def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
 
-    from tinystack.infer.generation_config import sampling_defaults
+    from tinystack.model.generation_config import sampling_defaults
 
     if not (src / CONFIG_FILE).is_file():
         raise ModelFormatError(f"{src}: missing {CONFIG_FILE} (not a Hugging Face model directory)")

@@ -38,7 +38,7 @@ _EXPORTS = {
     "EngineAdapter": "tinystack.serve.engine.adapter",
     "EngineStats": "tinystack.serve.engine.adapter",
     "TokenEvent": "tinystack.serve.engine.adapter",
-    "make_adapter": "tinystack.serve.engine.adapter",
+    "make_adapter": "tinystack.serve.engine.async_adapter",
     "ApiError": "tinystack.serve.api.errors",
     "ErrorDetail": "tinystack.serve.api.schemas",
     "ErrorResponse": "tinystack.serve.api.schemas",

@@ -30,7 +30,7 @@ from fastapi import Depends, FastAPI
 from tinystack.atomic import read_json
 from tinystack.config import ServeConfig
 from tinystack.infer.chat import ChatFormatter, ChatTemplateError, chat_formatter, load_chat_template
-from tinystack.infer.generation_config import sampling_defaults
+from tinystack.model.generation_config import sampling_defaults
 from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
@@ -39,7 +39,7 @@ from tinystack.serve.api.deps import authenticate
 from tinystack.serve.api.errors import install_error_handlers
 from tinystack.serve.api.middleware import RequestContextMiddleware
 from tinystack.serve.api.routes import router
-from tinystack.serve.engine.adapter import make_adapter
+from tinystack.serve.engine.async_adapter import make_adapter
 from tinystack.serve.engine.watchdog import watchdog
 from tinystack.serve.guards.auth import KeyChecker, load_key_hashes
 from tinystack.serve.guards.body_limit import BodyLimitMiddleware
@@ -54,7 +54,7 @@ logger = logging.getLogger("tinystack.serve")
 
 def checked_inputs(cfg: ServeConfig, model_dir: str | Path | None) -> tuple[KeyChecker, dict[str, Any]]:
     """What the server reads from files besides the weights: the API keys, the chat template (parsed here, to
-    check it) and the model's sampling defaults (infer/generation_config.py). Raises ValueError naming the file
+    check it) and the model's sampling defaults (model/generation_config.py). Raises ValueError naming the file
     and what is wrong, before anything starts (in the app's start-up it would surface as a traceback)."""
     keys = KeyChecker(load_key_hashes(cfg.api_key_env, cfg.api_key_file))
     try:

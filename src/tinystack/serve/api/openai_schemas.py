@@ -24,7 +24,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
 
-from tinystack.infer.sampler import KNOBS
+from tinystack.sampling_params import KNOBS
 from tinystack.serve.api.schemas import STRICT, RequestBody, knob_field, sampling_fields
 
 StopText = Annotated[str, Field(min_length=1)]

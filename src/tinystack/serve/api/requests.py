@@ -28,7 +28,7 @@ from typing import Any
 
 from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
 from tinystack.infer.llm_engine import PromptError, PromptTooLongError
-from tinystack.infer.sampler import KNOBS, LOGIT_BIAS_MAX, SamplingParams
+from tinystack.sampling_params import KNOBS, LOGIT_BIAS_MAX, SamplingParams
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.state import ServerState

@@ -26,7 +26,7 @@ from typing import Any, Literal, Optional, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from tinystack.infer.sampler import KNOBS, Knob
+from tinystack.sampling_params import KNOBS, Knob
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 UNPAIRED_SURROGATE = "unpaired_surrogate"

@@ -13,7 +13,7 @@
     adapter.encode / decode / token_text      -> text <-> ids with the engine's tokenizer; encode applies
                                                  the engine's prompt rules (PromptError)
 
-The implementations, chosen by `make_adapter`:
+The implementations, chosen by `async_adapter.make_adapter`:
 
     tinystack.infer.AsyncEngine  -> AsyncEngineAdapter (async_adapter.py): continuous batching
                                     (or the dynamic batcher; max_num_seqs=1 is unbatched) over the
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tinystack.config import InferConfig
-from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
+from tinystack.sampling_params import SamplingParams
 
 UsageCallback = Callable[[SequenceUsage], None]
 
@@ -114,16 +114,3 @@ def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") ->
     print(engine.engine.describe(), file=sys.stderr, flush=True)
     engine.engine.wait_for_kv_pages()
     return engine
-
-
-def make_adapter(engine: Any) -> EngineAdapter:
-    """The adapter for `engine`, a tinystack.infer.AsyncEngine (it keeps its own max_num_seqs), or the
-    replicas' adapter as it is."""
-    from tinystack.infer import AsyncEngine
-    from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
-
-    if type(engine).__name__ == "ReplicaAdapter":  # by name: serve/replicas imports Ray, which is optional
-        return engine
-    if not isinstance(engine, AsyncEngine):
-        raise TypeError(f"serve needs a tinystack.infer.AsyncEngine, got {type(engine).__name__}")
-    return AsyncEngineAdapter(engine)

@@ -24,9 +24,16 @@ from typing import Any, AsyncIterator, Callable
 from tinystack.infer import AsyncEngine
 from tinystack.infer.llm_engine import PromptError
 from tinystack.infer.memory import AdmissionError
-from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
-from tinystack.serve.engine.adapter import EngineDead, EngineStats, RequestRejected, TokenEvent, UsageCallback
+from tinystack.sampling_params import SamplingParams
+from tinystack.serve.engine.adapter import (
+    EngineAdapter,
+    EngineDead,
+    EngineStats,
+    RequestRejected,
+    TokenEvent,
+    UsageCallback,
+)
 
 DRAIN_TIMEOUT_S = 30.0  # an aborted sequence's cost report is waited for this long at most
 
@@ -172,3 +179,13 @@ class AsyncEngineAdapter:
         except TimeoutError:
             pass
         report(_usage(request_id, prompt_len, output))
+
+
+def make_adapter(engine: Any) -> EngineAdapter:
+    """The adapter for `engine`, a tinystack.infer.AsyncEngine (it keeps its own max_num_seqs), or the
+    replicas' adapter as it is."""
+    if type(engine).__name__ == "ReplicaAdapter":  # by name: serve/replicas imports Ray, which is optional
+        return engine
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError(f"serve needs a tinystack.infer.AsyncEngine, got {type(engine).__name__}")
+    return AsyncEngineAdapter(engine)

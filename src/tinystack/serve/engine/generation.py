@@ -28,8 +28,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Sequence
 
-from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import RequestUsage, SequenceUsage
+from tinystack.sampling_params import SamplingParams
 from tinystack.serve.engine.adapter import EngineAdapter, TokenEvent
 from tinystack.serve.engine.detok import IncrementalText
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from tinystack.infer.llm_engine import LLMEngine
-from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
+from tinystack.sampling_params import SamplingParams
 from tinystack.serve.api.context import current_context
 from tinystack.serve.engine.adapter import (
     EngineBusy,

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
-from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.usage import SequenceUsage
+from tinystack.sampling_params import SamplingParams
 from tinystack.serve.engine.adapter import EngineDead, RequestRejected
 
 MAX_REPORTED_BLOCKS = 8192  # cached block hashes sent with the routing stats (bounded: they travel often)

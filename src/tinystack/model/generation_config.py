@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tinystack.infer.sampler import KNOBS
+from tinystack.sampling_params import KNOBS
 
 FILE = "generation_config.json"
 
