@@ -1,4 +1,5 @@
-"""The fused step (infer/fused_step.py, quant/fused_step.cpp) against the model's own forward over the BatchView:
+"""The fused step (infer/fused_step.py, kernels/quant/fused_step.cpp) against the model's own forward over the
+BatchView:
 same logits and the same keys/values written, for every weight format, GQA, biases, scattered paged blocks, mixed
 contexts, prefill chunks beside decodes and speculative verification rows; greedy generation through it gives the
 tokens of the unfused engine; and a token's logits are the same bits whether it came as a decode or inside a
@@ -14,14 +15,14 @@ from infer_helpers import VOCAB, ToyTokenizer, random_prompts
 from tinystack.infer import LLM, SamplingParams
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.paged_cache import KVStorage
-from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import FORMATS
 from tinystack.infer.quant.linear import quantize_model
 from tinystack.infer.sampler import SamplingParams as Params
 from tinystack.infer.sequence import Sequence
+from tinystack.kernels import quant as quant_kernels
 from tinystack.model.llama import Llama, LlamaConfig
 
-pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
+pytestmark = pytest.mark.skipif(quant_kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
 
 
 def _llama(bias: bool, fmt: str, seed: int = 0, rope_scaling: dict | None = None, qk_norm: bool = False) -> Llama:

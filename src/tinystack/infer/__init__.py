@@ -12,7 +12,7 @@
               BlockManager (block_manager.py)      blocks, refcounts, prefix cache, LRU eviction
               ModelRunner (model_runner.py)        ragged batch -> model over BatchView (paged_cache.py);
                                                    short steps -> FusedStep (fused_step.py: every
-                                                   Llama layer in one C++ call, quant/fused_step.cpp)
+                                                   Llama layer in one C++ call, kernels/quant/fused_step.cpp)
               sample_batch (sampler.py)            per-request penalties / greedy / top-k / top-p / min-p, seeds
               -> TokenDelta / RequestOutput (outputs.py; RequestMetrics: the request's timing points)
 

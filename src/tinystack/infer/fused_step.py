@@ -3,7 +3,7 @@
     FusedStep.build(model, storage, device) -> FusedStep, or None where this model/cache cannot take it
     fused.run(ids, tables, starts, lengths, index) -> logits [len(index), V]
 
-    ids [N] (rows packed) -> embed_tokens -> x [N, H] --(quant/fused_step.cpp: every layer; each token's K/V
+    ids [N] (rows packed) -> embed_tokens -> x [N, H] --(kernels/quant/fused_step.cpp: every layer; each token's K/V
     written at its slot, then each token attends over its row's keys up to its position, read in place
     through the block table)--> the hidden states at `index` -> norm -> lm_head -> logits
 
@@ -14,7 +14,7 @@ decode or inside a verification row, so speculative decoding under greedy sampli
 plain decoding. Longer steps take the model's own forward over the BatchView (its quantised layers then
 switch to a float GEMM), which is also the reference the fused step is tested against.
 What it takes: a Llama (model/llama.py) with fused projections, linear layers in float32 or in the engine's
-quantised formats (QuantLinear), a float32 KV cache on the CPU, and the C++ extension (quant/kernels.py);
+quantised formats (QuantLinear), a float32 KV cache on the CPU, and the C++ extension (kernels/quant);
 anything else returns None from build() and every step runs the model's forward.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import BLOCK_FORMATS
 from tinystack.infer.quant.linear import QuantLinear
+from tinystack.kernels import quant as quant_kernels
 
 _F32, _BF16 = -1, 3  # fused_step.cpp's kinds besides the block formats
 _EMPTY = torch.empty(0)
@@ -55,7 +56,7 @@ class FusedStep:
     def build(cls, model: nn.Module, storage: KVStorage, device: torch.device) -> FusedStep | None:
         if device.type != "cpu" or storage.k.dtype != torch.float32 or not hasattr(model, "rope_tables"):
             return None
-        if kernels.default_path() == "torch" or kernels.extension() is None:
+        if quant_kernels.default_path() == "torch" or quant_kernels.extension() is None:
             return None
         cfg = model.config
         norms, kinds, parts = [], [], []
@@ -75,8 +76,8 @@ class FusedStep:
                 kinds.append(lin[0])
                 parts += lin[1]
         dims = [cfg.n_layer, cfg.hidden_size, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.intermediate_size]
-        path = kernels.PATH_CODES[kernels.default_path()]
-        layers = kernels.extension().FusedLayers(dims, cfg.rms_norm_eps, norms, kinds, parts, path)
+        path = quant_kernels.PATH_CODES[quant_kernels.default_path()]
+        layers = quant_kernels.extension().FusedLayers(dims, cfg.rms_norm_eps, norms, kinds, parts, path)
         return cls(model, layers, storage)
 
     def accepts(self, n_tokens: int) -> bool:

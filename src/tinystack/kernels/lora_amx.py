@@ -4,9 +4,8 @@ adapters' thin products in one pass over each activation, in each direction.
 Through library calls (linear_ops.cpp) the adapters' six thin products each read an activation from memory
 again; fused, each thread runs all of them on its rows while they are in its cache, the rank update riding along
 as 32 more columns of the large product's K. Used by train/lora.py's `_LoRAProduct` where it applies; elsewhere
-the library calls run as before.
+the library calls run as before. The CPU's AMX is asked of kernels/cpu.py.
 
-    cpu_has_amx()                -> whether the CPU reports AMX BF16
     ops()                        -> the compiled operators where this CPU runs AMX BF16 (and a compiler builds
                                     them), else None; nothing is compiled on a CPU without AMX
     prepare(w, a, b, ..., old, spare)
@@ -29,32 +28,23 @@ from pathlib import Path
 
 import torch
 
-from tinystack import native
-from tinystack.train.matmul_plan import fastest, linear_ops, row_parts
+from tinystack.kernels import cpu
+from tinystack.kernels.build import build
+from tinystack.kernels.matmul_plan import fastest, linear_ops, row_parts
 
-CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
 CFLAGS = ["-O3", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 ALIGN = 32  # rows and both sides of a weight: multiples of this (the kernels' 32 x 32 blocks)
 
 _plans: dict[tuple, bool] = {}
 
 
-def cpu_has_amx() -> bool:
-    """Whether the CPU reports AMX BF16 (Linux's /proc/cpuinfo; elsewhere no AMX permission to ask for either)."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return all(f in flags for f in CPU_FLAGS)
-
-
 @functools.lru_cache(maxsize=1)
 def ops():
-    if not cpu_has_amx():
+    if not cpu.has_amx():
         return None
     here = Path(__file__).parent
-    built = native.build("tinystack_lora_amx", [here / "lora_amx.cpp"], headers=[here / "amx_tiles.h"],
-                         cflags=CFLAGS, ldflags=["-fopenmp"], ops="tinystack_lora_amx")
+    built = build("tinystack_lora_amx", [here / "lora_amx.cpp"], headers=[here / "amx_tiles.h"],
+                  cflags=CFLAGS, ldflags=["-fopenmp"], ops="tinystack_lora_amx")
     return built if built is not None and built.available() else None
 
 
