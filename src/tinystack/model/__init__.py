@@ -4,6 +4,7 @@
     LlamaConfig -> Llama (llama.py)      the Llama family (RMSNorm, RoPE, SwiGLU, GQA; Qwen2 QKV bias)
     attention.py                         causal attention over an optional KV cache, shared by both
     fused_linear.py                      fuse_rows: q/k/v (gate/up) as one linear layer, same numbers
+    contract.py                          LanguageModel: what the engine and the trainer rely on, every family
     GPT <-> model_dir/ (io.py)           config.json + model.safetensors + tokenizer.json + tinystack.json
     HF Llama-family dir -> Llama (io.py) the same load_model, dispatched on model_type
     GGUF / HF dir / name -> model_dir/   `tinystack model import` (importer.py; GGUF: gguf_model.py,
