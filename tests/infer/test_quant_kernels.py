@@ -241,3 +241,33 @@ def test_concurrent_callers_and_many_small_tasks_give_exact_results():
     finally:
         torch.set_num_threads(threads_before)
 
+
+@pytest.mark.parametrize("path", PATHS)
+def test_activations_the_kernels_do_not_take_run_the_reference_in_their_own_dtype(path):
+    """The kernels take float32 CPU activations (kernels.KERNEL_TAKES); float64 ones are refused with the reason and
+    multiplied by the dequantised weight in float64, on every path (the C++ would reject them)."""
+    p = quantize(weights(24, 64), "q8_0")
+    x = torch.randn(3, 64, dtype=torch.float64)
+    assert "float64" in kernels.refusal(x, p) and kernels.refusal(x.float(), p) is None
+    got = kernels.matmul(x, p, path=path)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, x @ dequantize(p, torch.float64).T)
+
+
+class _ScaledLinear(torch.nn.Linear):
+    """A linear layer subclass with an op quantize_model does not know (a scale after the product)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
+@torch.no_grad()
+def test_quantize_model_refuses_linear_subclasses_it_does_not_know():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), _ScaledLinear(64, 32))
+    x = torch.randn(2, 64)
+    want = model(x)
+    report = quantize_model(model, "q8_0")
+    assert report["layers"] == 1 and set(report["refused"]) == {"1"} and "_ScaledLinear" in report["refused"]["1"]
+    assert isinstance(model[0], QuantLinear) and type(model[1]) is _ScaledLinear
+    torch.testing.assert_close(model(x), want, rtol=0.05, atol=0.05)  # the scale kept: q8_0 rounding only

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not cpu.has_amx(), reason="needs a CPU with AMX 
 
 def test_the_kernels_build_and_run_where_the_cpu_has_amx():
     assert lora_amx.ops() is not None and lora_amx.ops().available()
+    assert lora_amx.refusal(torch.zeros(64, 96, dtype=torch.bfloat16)) is None
 
 
 def _reference_pack(src, trans):

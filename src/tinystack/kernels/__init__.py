@@ -14,5 +14,6 @@
     quant/              the quantised-weight kernels (matmul for packed weights, the packer, the fused decode step)
 
 A module here binds a kernel and says what it computes; when a layer uses it stays in that layer (model/llama.py,
-train/lora.py, infer/quant/kernels.py, infer/fused_step.py).
+train/lora.py, infer/quant/kernels.py, infer/fused_step.py), and each fast path states what it supports as data
+and refuses anything else, so the reference path runs instead.
 """

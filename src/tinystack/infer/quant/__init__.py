@@ -4,7 +4,8 @@
                  (GGUF's block layouts and llama.cpp's rounding, bit for bit; packed by the C++ extension
                  where it builds: tinystack/kernels/quant/pack.cpp)
     kernels.py   matmul(x, packed): the C++ kernels (tinystack/kernels/quant: built at first use, path
-                 avx512 | avx2 | cpp | torch) for short inputs, a float GEMM for long ones
+                 avx512 | avx2 | cpp | torch) for short inputs, a float GEMM for long ones; what they take
+                 is data (KERNEL_TAKES), anything else runs the torch reference
     linear.py    QuantLinear / QuantEmbedding / quantize_model(model, fmt)
     auto.py      dtype="auto": time each format's decode matmuls here, check perplexity, pick, cache
 """

@@ -15,6 +15,8 @@ From `GEMM_MIN_ROWS` rows on (long prefill chunks) every path dequantises the we
 float32 GEMM, which is compute-bound there; below it the kernels, reading each weight once for all rows,
 are faster. Inside `with decode_arithmetic():` every row count goes through the kernels, so a long sequence
 is scored with exactly the arithmetic decode uses (dtype="auto" measures quality that way).
+What the kernels take is data (KERNEL_TAKES): float32 activations on the CPU, a weight in one of the formats they
+were written for; anything else is refused (`refusal` names why) and runs the reference torch path.
 """
 from __future__ import annotations
 
@@ -24,11 +26,13 @@ import contextvars
 import torch
 import torch.nn.functional as F
 
-from tinystack.infer.quant.formats import BLOCK_FORMATS, Packed, dequantize
+from tinystack.infer.quant.formats import BLOCK_FORMATS, FORMATS, Packed, dequantize
 from tinystack.kernels.quant import PATH_CODES, default_path, extension
 
 GEMM_MIN_ROWS = 128  # from here on dequantise + float32 GEMM (crossover: BENCHMARKS.md, "Weight formats")
 _KERNELS_FOR_ALL_ROWS = contextvars.ContextVar("kernels_for_all_rows", default=False)
+# What the C++ kernels (kernels/quant/kernels.cpp) were written for: anything else runs the torch reference
+KERNEL_TAKES = {"formats": frozenset(FORMATS), "x_dtype": torch.float32, "device": "cpu"}
 
 
 @contextlib.contextmanager
@@ -41,11 +45,23 @@ def decode_arithmetic():
         _KERNELS_FOR_ALL_ROWS.reset(token)
 
 
+def refusal(x: torch.Tensor, p: Packed) -> str | None:
+    """Why the C++ kernels cannot take x @ p (None: they can): see KERNEL_TAKES."""
+    if x.device.type != KERNEL_TAKES["device"]:
+        return f"activations on {x.device.type} (the kernels are CPU code)"
+    if x.dtype != KERNEL_TAKES["x_dtype"]:
+        return f"activations in {x.dtype} (the kernels take {KERNEL_TAKES['x_dtype']})"
+    if p.fmt not in KERNEL_TAKES["formats"]:
+        return f"weight format {p.fmt!r} is not one of {sorted(KERNEL_TAKES['formats'])}"
+    return None
+
+
 def matmul(x: torch.Tensor, p: Packed, bias: torch.Tensor | None = None, path: str | None = None) -> torch.Tensor:
-    """x [M, K] float32 @ dequantize(p)^T (+ bias) -> [M, N] float32."""
+    """x [M, K] float32 @ dequantize(p)^T (+ bias) -> [M, N] float32 (another x the kernels refuse: in x's dtype,
+    through the torch reference)."""
     path = path or default_path()
     gemm = x.shape[0] >= GEMM_MIN_ROWS and not _KERNELS_FOR_ALL_ROWS.get()
-    if path == "torch" or gemm or x.device.type != "cpu":  # the C++ kernels are CPU code
+    if path == "torch" or gemm or refusal(x, p) is not None:
         return F.linear(x, dequantize(p, x.dtype), bias)
     ext = extension()
     if ext is None:
