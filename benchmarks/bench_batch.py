@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import RESULTS, finish, machine  # noqa: E402
 from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
+from tinystack.config import InferConfig
 from tinystack.infer import LLMEngine, SamplingParams  # noqa: E402
 from tinystack.infer.weight_arena import hugepage_empty  # noqa: E402
 
@@ -44,7 +45,8 @@ def read_bandwidth(gib: float = 1.0, repeat: int = 5, hugepages: bool = True) ->
 
 
 def decode_steps(model, B: int, new: int) -> list[float]:
-    engine = LLMEngine(model, IdTokenizer(), kv_cache="paged", max_num_seqs=B, max_num_batched_tokens=B * PROMPT)
+    engine = LLMEngine(model, IdTokenizer(), InferConfig(kv_cache="paged", max_num_seqs=B,
+                                                         max_num_batched_tokens=B * PROMPT))
     for i in range(B):
         engine.add_request(f"r{i}", random_prompt(PROMPT, seed=i), SamplingParams(temperature=0, max_tokens=new,
                                                                                  ignore_eos=True))

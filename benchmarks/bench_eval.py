@@ -28,11 +28,10 @@ import torch
 from tinystack.atomic import atomic_open, write_json
 from tinystack.config import load_config
 from tinystack.eval.gate import build_heldout_cases, load_model_dir, run_regression
-from tinystack.eval.metrics import context_len, evaluate_tokens
 from tinystack.eval.neardup import find_near_duplicates
 from tinystack.eval.offline import evaluate_model, read_records
 from tinystack.eval.report import write_report
-from tinystack.eval.scoring import _windows, document_ids, score_documents
+from tinystack.eval.scoring import _windows, context_len, document_ids, score_documents, score_tokens
 from tinystack.eval.threads import torch_threads
 from tinystack.model.io import load_model, save_model
 from tinystack.pipeline import run_pipeline
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def throughput(model, tok, cfg, tok_dir: Path, data_dir: Path) -> dict:
     """Window evaluation vs per-document scoring of the val split, and the latter's padding efficiency."""
     val = load_tokens(tok_dir / "val.bin")
-    s, _, m = timed(lambda: evaluate_tokens(model, val, token_byte_lengths(tok), batch_size=cfg.eval.batch_size))
+    s, _, m = timed(lambda: score_tokens(model, val, token_byte_lengths(tok), batch_size=cfg.eval.batch_size).to_dict())
     out = {"windows": {"tokens": m["tokens"], "seconds": round(s, 3), "tokens_per_s": round(m["tokens"] / s)}}
     recs = read_records(data_dir / "val.jsonl")
     ids = [document_ids(tok, r["text"]) for r in recs]

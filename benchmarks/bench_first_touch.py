@@ -50,7 +50,7 @@ def run_arm(arm: str, model_dir: str, rounds: int, concurrent: int) -> list[dict
     if arm == "middle":  # the rule before: every live sequence reaches to the end of the storage, so a new one
         # starts in the middle of the largest free run whenever a live sequence precedes it
         BlockManager._mark_tail = lambda self, seq: self.tails.__setitem__(seq.block_table[-1], self.num_blocks)
-    llm = LLM(model_dir, verbose=False)
+    llm = LLM(model_dir)
     llm.engine.wait_for_kv_pages()  # as the server does before it takes requests (a no-op without the prefault)
     out = []
     for r in range(rounds):

@@ -5,7 +5,7 @@ The test split is the repo's own: `tinystack data corpus` (Python standard-libra
 `tinystack data prepare` with the default config (split by source module), the split every
 `tinystack run` evaluates on. Test documents are tokenised with the imported tokenizer.json,
 joined with <|endoftext|>, and cut into non-overlapping windows of --window + 1 tokens (evenly
-spaced --windows of them, eval.metrics.window_starts); both models score the same windows.
+spaced --windows of them, eval.scoring.window_starts); both models score the same windows.
 Reported per model: loss, perplexity, bits per byte (bytes of the scored tokens' text), seconds,
 and the largest |logit difference| between the two over every scored position.
 Writes benchmarks/results/import_ppl.json.
@@ -51,7 +51,7 @@ def windows(model_dir: Path, test: Path, window: int, n: int) -> tuple[np.ndarra
     """(windows [n, window + 1] of token ids, bytes of text per token id)."""
     from tokenizers import Tokenizer
 
-    from tinystack.eval.metrics import window_starts
+    from tinystack.eval.scoring import window_starts
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     eot = tok.token_to_id("<|endoftext|>")

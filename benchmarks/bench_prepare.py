@@ -92,7 +92,7 @@ def status_bytes(field):
 from tinystack.data.pipeline import prepare
 before = status_bytes("VmRSS")
 t = time.perf_counter()
-m = prepare([sys.argv[1]], sys.argv[2], workers=int(sys.argv[3]))
+m = prepare([sys.argv[1]], sys.argv[2], DataConfig(workers=int(sys.argv[3])))
 dt = time.perf_counter() - t
 near = next(s for s in m["steps"] if s["name"] == "near_dedup")
 ru = resource.getrusage(resource.RUSAGE_SELF)

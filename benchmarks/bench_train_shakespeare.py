@@ -46,12 +46,13 @@ from bare_gpt_loop import BareLoop
 from bench_common import RESULTS, ROOT, finish, machine, step_periods
 from tinystack.atomic import write_json
 from tinystack.config import load_config
+from tinystack.eval.scoring import score_batches, window_batches
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.tokenizer import CharTokenizer
-from tinystack.train.batches import BatchSampler, eval_batches
+from tinystack.train.batches import BatchSampler
 from tinystack.train.loop import train_model
-from tinystack.train.loss import batches_loss
 from tinystack.train.plot import plot_loss_curve
+from tinystack.train.precision import autocast
 
 DATA = ROOT.parent / "shared/data/tinyshakespeare.txt"
 TARGET_VAL, TARGET_RATIO, TARGET_STEP_OVERHEAD = 1.85, 1.2, 0.10
@@ -110,8 +111,9 @@ def main() -> None:
     gcfg = GPTConfig(vocab_size=tok.vocab_size, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
                      n_embd=m.n_embd, dropout=m.dropout)
     tokens_per_run = tc.max_iters * tc.batch_size * m.block_size
-    loop_val = eval_batches(val_ids, tc.batch_size, m.block_size, tc.eval_iters)  # what both loops score en route
-    final_val = eval_batches(val_ids, tc.batch_size, m.block_size, 20 if args.quick else 200)
+    B, T = tc.batch_size, m.block_size  # fixed evenly spaced val windows (eval.scoring.window_batches)
+    loop_val = window_batches(val_ids, T, tc.eval_iters * B, B)  # what both loops score en route
+    final_val = window_batches(val_ids, T, (20 if args.quick else 200) * B, B)
     # --quick is a smoke test, not a figure: its JSON is untracked (.gitignore), its log goes to a temporary folder
     log = (Path(tempfile.mkdtemp()) if args.quick else out_path.parent) / (out_path.stem + "_log.jsonl")
     res: dict[str, Any] = {"machine": machine()}
@@ -136,7 +138,8 @@ def main() -> None:
         steady_ms("ours", sampler.starts)
         kept["ours"] = (model, result)
         kept.setdefault("dtypes", []).append(result.dtype)
-        return batches_loss(model, final_val, result.dtype, "cpu")[0]
+        with autocast(result.dtype, "cpu"):
+            return score_batches(model, final_val).loss
 
     def bare(name: str, dtype: str, fused: bool) -> Callable[[], float]:
         def run() -> float:

@@ -36,7 +36,7 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: secti
 def _field_comments() -> dict[str, str]:
     """{"infer.kv_cache": "contiguous: one whole-context block per sequence", ...}: the comment after each field
     in config.py, so a flag's help and the config file's documentation are one text. Read once, line by line
-    (inspect.getsource per class took ~30 ms each, paid by every command at start-up)."""
+    (inspect.getsource per class cost more, paid by every command at start-up)."""
     section_of = {cls.__name__: name for name, cls in typing.get_type_hints(Config).items()}
     out: dict[str, str] = {}
     section = None
@@ -88,8 +88,10 @@ def check_device(device: str) -> None:
         raise UserError(f"run.device={device!r}: MPS is not available on this machine (use cpu)")
 
 
-def config_command(*keys: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: `fn(cfg, **rest)` becomes a typer command with --config, --set and a flag per field in `keys`."""
+def config_command(*keys: str, defaults: dict[str, Any] | None = None) -> Callable[[Callable[..., Any]],
+                                                                                   Callable[..., Any]]:
+    """Decorator: `fn(cfg, **rest)` becomes a typer command with --config, --set and a flag per field in `keys`;
+    `defaults` ({"section.key": value}, from config.py) are the command's own starting values."""
     fields = config_fields(*keys)
     comments = _field_comments()
 
@@ -106,7 +108,7 @@ def config_command(*keys: str) -> Callable[[Callable[..., Any]], Callable[..., A
         def command(**kwargs: Any) -> Any:
             given = {f"{s}.{n}": kwargs.pop(n) for s, n, _ in fields}
             cfg = load_config(kwargs.pop("config"), kwargs.pop("set_") or [],
-                              {k: v for k, v in given.items() if v is not None})
+                              {k: v for k, v in given.items() if v is not None}, defaults)
             check_device(cfg.run.device)
             return fn(cfg, **kwargs)
 

@@ -12,6 +12,7 @@ same check.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -30,8 +31,18 @@ class ConfigError(UserError, ValueError):
     """A config file or override is malformed; the message says where and why."""
 
 
+class Section:
+    """A config section: its values are checked against the field types when it is built, whether from a
+    file, flags or Python (`InferConfig(weight_format="int3")` is the same one-line error as the file's)."""
+
+    def __post_init__(self) -> None:
+        name, hints = _section_info(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            setattr(self, f.name, _coerce(getattr(self, f.name), hints[f.name], f"{name}.{f.name}"))
+
+
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     inputs: list[str] = field(default_factory=list)  # JSONL files / text folders; empty = built-in corpus
     corpus_max_docs: int = 0  # cap on built-in corpus records (0 = all)
     min_chars: int = 32  # length filter, after normalisation
@@ -50,6 +61,7 @@ class DataConfig:
     # quality filters (tinystack.data.filters.quality); perplexity runs only with a reference set
     quality: bool = True
     min_words: int = 3  # CJK characters count as words
+    max_words: int = 0  # 0 = no upper bound
     scripts: list[str] = field(default_factory=lambda: ["latin", "cjk"])
     min_script_ratio: float = 0.5  # share of letters in `scripts`
     max_symbol_ratio: float = 0.25
@@ -57,6 +69,8 @@ class DataConfig:
     repetition: bool = True  # Gopher duplicate-line / top n-gram rules
     perplexity_reference: list[str] = field(default_factory=list)  # JSONL/text inputs the char LM is trained on
     perplexity_percentile: float = 99.0  # drop above this percentile of held-out reference perplexity
+    perplexity_order: int = 5  # n of the character n-gram model
+    perplexity_max_chars: int = 5_000_000  # reference text the n-gram model is trained on, at most
     # near dedup (MinHash-LSH) and cross-split leakage
     near_dedup: bool = True
     dedup_threshold: float = 0.85  # Jaccard of character shingles
@@ -70,7 +84,7 @@ class DataConfig:
 
 
 @dataclass
-class TokenizerConfig:
+class TokenizerConfig(Section):
     kind: Literal["bpe", "char"] = "bpe"  # byte-level BPE | one token per character of the train text
     vocab_size: int = 2048  # bpe only
     max_train_chars: int = 2_000_000  # BPE is trained on at most this much of the train split
@@ -78,16 +92,16 @@ class TokenizerConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
-    block_size: int = 128  # max sequence length (n_positions)
+    context_length: int = 128  # max sequence length in tokens (GPT-2's n_positions)
     dropout: float = 0.0
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     max_iters: int = 1500
     batch_size: int = 16
     learning_rate: float = 3e-3
@@ -108,29 +122,20 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end
     plot: bool = True  # write a PNG loss curve beside the training log
-    # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran 10-25x slower (docs/train.md)
+    # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran far slower (docs/train.md)
     threads: int = 0  # torch intra-op threads (0 = torch's default: fastest on an idle machine)
     # glibc only: freed memory stays in the process for the next step instead of page-faulting back in each step
-    # (train/allocator.py; BENCHMARKS.md "Fine-tuning"); the process keeps its peak memory
+    # (train/allocator.py); the process keeps its peak memory
     keep_freed_memory: bool = True
 
 
 @dataclass
-class FinetuneConfig:
-    """Supervised fine-tuning of a pretrained model directory (tinystack.train.finetune). The optimiser's
-    betas, grad_clip, seed, dtype, compile, threads and plot come from [train]; dedup settings from [data]."""
+class FinetuneConfig(Section):
+    """Supervised fine-tuning of a pretrained model directory (tinystack.train.finetune): what only fine-tuning
+    has. The steps, optimiser and precision are [train]'s keys (from FINETUNE_DEFAULTS under `tinystack
+    finetune`), the held-out share and dedup are [data]'s."""
 
-    max_iters: int = 200
-    batch_size: int = 8  # conversations per micro-batch, right-padded to the longest
-    grad_accum_steps: int = 1
-    learning_rate: float = 2e-4  # ~1e-3 suits LoRA, ~2e-5 full fine-tuning of a pretrained model
-    min_lr: float = 2e-5
-    warmup_iters: int = 10
-    weight_decay: float = 0.0
-    eval_interval: int = 50  # held-out loss every N steps (and at the end)
-    ckpt_interval: int = 0  # write last.pt every N steps (and at the end); 0 = only at the end
     max_seq_len: int = 256  # longer conversations are quarantined as too_long (0 = the model's context)
-    val_fraction: float = 0.1  # held-out share of conversations, whole sources at a time
     lora: int = 0  # > 0: train rank-r adapters instead of all weights (merged on save)
     lora_alpha: float = 16.0  # adapter scale = lora_alpha / lora
     lora_dropout: float = 0.0
@@ -138,8 +143,18 @@ class FinetuneConfig:
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "c_attn", "c_proj", "c_fc"])
 
 
+# What `tinystack finetune` starts from instead of the defaults above (then the file, --set and flags apply as
+# usual): a pretrained model and a few hundred conversations want fewer, smaller steps than pretraining from
+# scratch (~1e-3 suits LoRA, ~2e-5 full fine-tuning), and a larger held-out share of a small set.
+FINETUNE_DEFAULTS = {
+    "train.max_iters": 200, "train.batch_size": 8, "train.learning_rate": 2e-4, "train.min_lr": 2e-5,
+    "train.warmup_iters": 10, "train.weight_decay": 0.0, "train.eval_interval": 50, "train.ckpt_interval": 0,
+    "data.val_fraction": 0.1,
+}
+
+
 @dataclass
-class EvalConfig:
+class EvalConfig(Section):
     max_windows: int = 256  # deterministic non-overlapping windows per split (0 = all)
     batch_size: int = 16
     max_docs: int = 1000  # documents per split scored one by one for the slices (evenly spaced; 0 = all)
@@ -154,7 +169,7 @@ class EvalConfig:
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(Section):
     """The HTTP server (tinystack.serve); the engine behind it is built from [infer]."""
 
     host: str = "127.0.0.1"
@@ -186,10 +201,10 @@ class ServeConfig:
     gc_freeze: bool = True  # gc.freeze() at start-up: the loaded model is never traversed by the collector
     loop_lag_interval_s: float = 0.1  # event-loop lag probe period (0 = off)
     log_text: bool = False  # prompts and outputs in the request log (tinystack serve)
-    # replicas (serve/replicas; docs/serve.md): replicas > 1 or a ray_address serves through Ray Serve, this
+    # replicas (serve/replicas; docs/serve.md): replicas > 1 or a ray_cluster serves through Ray Serve, this
     # server being the gateway in front (auth, limits, validation once; [dist] extra)
     replicas: int = 1  # engine replicas, each its own engine, KV cache and memory budget
-    ray_address: str = ""  # "" = start a local Ray cluster; "auto" = join the one `ray start --head` runs
+    ray_cluster: str = ""  # Ray address: "" = start a local cluster; "auto" = join the one `ray start --head` runs
     routing: Literal["prefix", "least_loaded", "round_robin"] = "prefix"  # how the gateway picks a replica
     prefix_overload: int = 4  # prefix routing passes over a replica loaded by more than this over the least
     replica_num_cpus: float = 1.0  # CPUs Ray reserves for each replica (its torch threads follow)
@@ -197,24 +212,25 @@ class ServeConfig:
 
 
 @dataclass
-class InferConfig:
-    """The inference engine (tinystack.infer.LLMEngine), for `generate`, `serve` and `bench serve` alike:
-    `load_kwargs()` + `engine_kwargs()` are the LLM / AsyncEngine.from_dir kwargs."""
+class InferConfig(Section):
+    """The inference engine (tinystack.infer), for `generate`, `serve`, `bench serve` and the demo alike:
+    `load_for_inference(model_dir, config)` and `LLMEngine(model, tokenizer, config)` read it whole."""
 
-    backend: Literal["torch", "numpy"] = "torch"  # numpy: the NumPy GPT, reference only
-    # auto (CPU): the fastest weight format within perplexity bounds, measured here and cached (infer/quant/auto.py)
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # linear weights kept quantised (infer/quant; beats auto): bf16, GGUF blocks q8_0 (= int8), q4_0, q4_1
-    quantize: Literal["", "bf16", "q8_0", "int8", "q4_0", "q4_1"] = ""
+    runtime: Literal["torch", "numpy"] = "torch"  # numpy: the NumPy GPT (tinystack.nn), reference only
+    # how the weights are kept: auto (CPU) = the fastest format within perplexity bounds, measured here and cached
+    # (infer/quant/auto.py); float32 / bfloat16 = the whole model in that dtype; bf16 / q8_0 / q4_0 / q4_1 = the
+    # linear layers' weights in that format (GGUF blocks for q*), float32 activations (infer/quant)
+    weight_format: Literal["auto", "float32", "bfloat16", "bf16", "q8_0", "q4_0", "q4_1"] = "auto"
     kv_cache: Literal["paged", "contiguous"] = "paged"  # contiguous: one whole-context block per sequence
     scheduler: Literal["continuous", "dynamic"] = "continuous"  # dynamic: batches run to completion
-    block_size: int = 16  # tokens per KV block (paged)
+    kv_block_size: int = 16  # tokens per KV block (paged)
     max_num_seqs: int = 64  # sequences generated at once (dynamic: the batch size; 1 = no batching)
     max_num_batched_tokens: int = 512  # per step: decodes + prefill chunks
     enable_prefix_caching: bool = True
     memory_limit_mb: int = 0  # 0 = GPU free memory on CUDA, cpu_memory_fraction of available RAM on CPU
     memory_buffer: float = 0.2  # share of memory_limit kept free
     cpu_memory_fraction: float = 0.25
+    num_kv_blocks: int = 0  # > 0: at most this many KV blocks, whatever the budget allows (tests, benchmarks)
     max_wait_s: float = 0.05  # dynamic: a batch starts when max_num_seqs wait, or the oldest has waited this long
     hugepages: bool = True  # CPU: weights and KV cache in 2 MiB pages (infer/weight_arena.py)
     # decode several tokens a step (infer/speculative.py): drafts from n-grams of the prompt+output or a draft model
@@ -224,23 +240,9 @@ class InferConfig:
     prompt_lookup_min: int = 1  # prompt_lookup: n-gram sizes matched, longest first
     prompt_lookup_max: int = 3
 
-    def engine_kwargs(self) -> dict[str, Any]:
-        return {"kv_cache": self.kv_cache, "scheduler": self.scheduler, "block_size": self.block_size,
-                "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                "enable_prefix_caching": self.enable_prefix_caching,
-                "memory_limit": self.memory_limit_mb * 2**20 or None, "memory_buffer": self.memory_buffer,
-                "cpu_memory_fraction": self.cpu_memory_fraction, "max_wait": self.max_wait_s,
-                "hugepages": self.hugepages, "speculative": self.speculative,
-                "num_speculative_tokens": self.num_speculative_tokens, "draft_model": self.draft_model or None,
-                "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
-
-    def load_kwargs(self) -> dict[str, Any]:
-        """backend, dtype, quantize: how `load_for_inference` (and LLM / AsyncEngine.from_dir) load the model."""
-        return {"backend": self.backend, "dtype": self.dtype, "quantize": self.quantize or None}
-
 
 @dataclass
-class RunConfig:
+class RunConfig(Section):
     workdir: str = ""  # default: runs/<timestamp>
     device: str = "cpu"
     demo_prompts: list[str] = field(
@@ -280,6 +282,13 @@ class Config:
         return dataclasses.asdict(self)
 
 
+@functools.cache
+def _section_info(cls: type) -> tuple[str, dict[str, Any]]:
+    """(the section's name in Config, its field types): what Section.__post_init__ checks against."""
+    name = next((n for n, t in typing.get_type_hints(Config).items() if t is cls), cls.__name__)
+    return name, typing.get_type_hints(cls)
+
+
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Check (and for ints -> floats, widen) a value against a dataclass field type."""
     origin = typing.get_origin(typ)
@@ -300,7 +309,24 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     return value
 
 
+# Keys that were renamed or moved (one name per concept): an old name in a file, --set or flag is an error that
+# names the new key, never silently ignored.
+RENAMED = {
+    "model.block_size": "model.context_length",
+    "infer.block_size": "infer.kv_block_size",
+    "infer.dtype": "infer.weight_format",
+    "infer.quantize": "infer.weight_format",
+    "infer.backend": "infer.runtime",
+    "serve.ray_address": "serve.ray_cluster",
+    **{f"finetune.{k}": f"train.{k}" for k in ("max_iters", "batch_size", "grad_accum_steps", "learning_rate", "min_lr",
+                                                "warmup_iters", "weight_decay", "eval_interval", "ckpt_interval")},
+    "finetune.val_fraction": "data.val_fraction",
+}
+
+
 def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    if (new := RENAMED.get(f"{section}.{key}")) is not None:
+        raise ConfigError(f"{where}: {section}.{key} is now {new}")
     sec = getattr(cfg, section, None)
     if sec is None or not dataclasses.is_dataclass(sec):
         known = ", ".join(f.name for f in dataclasses.fields(cfg))
@@ -321,10 +347,14 @@ def _parse_override_value(text: str) -> Any:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                flags: dict[str, Any] | None = None) -> Config:
-    """Defaults, then the TOML file (if any), then `section.key=value` overrides, then `flags`
-    ({"section.key": value} from command-line flags named --key), in that order."""
+                flags: dict[str, Any] | None = None, defaults: dict[str, Any] | None = None) -> Config:
+    """Defaults (the dataclasses', then a command's own `defaults` such as FINETUNE_DEFAULTS), then the TOML
+    file (if any), then `section.key=value` overrides, then `flags` ({"section.key": value} from command-line
+    flags named --key), in that order."""
     cfg = Config()
+    for dotted, value in (defaults or {}).items():
+        section, key = dotted.split(".", 1)
+        _apply(cfg, section, key, value, "defaults")
     if path is not None:
         path = Path(path)
         try:

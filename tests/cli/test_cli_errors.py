@@ -46,7 +46,7 @@ def token_dir(tmp_path_factory) -> Path:
     return d
 
 
-TINY_TRAIN = ["--n-layer", "1", "--n-head", "1", "--n-embd", "16", "--block-size", "8", "--batch-size", "4",
+TINY_TRAIN = ["--n-layer", "1", "--n-head", "1", "--n-embd", "16", "--context-length", "8", "--batch-size", "4",
               "--eval-interval", "100", "--eval-iters", "1", "--no-plot"]
 
 
@@ -78,8 +78,8 @@ def test_cuda_on_a_machine_without_it_is_one_line():
      "--kv-cache: infer.kv_cache: expected one of 'paged', 'contiguous', got 'pagd'"),
     (["serve", "--model", "m", "--set", "infer.scheduler=eager"],
      "infer.scheduler: expected one of 'continuous', 'dynamic', got 'eager'"),
-    (["bench", "serve", "--model", "m", "--quantize", "int4"],
-     "infer.quantize: expected one of '', 'bf16', 'q8_0', 'int8', 'q4_0', 'q4_1'"),
+    (["bench", "serve", "--model", "m", "--weight-format", "int4"],
+     "infer.weight_format: expected one of 'auto', 'float32', 'bfloat16', 'bf16', 'q8_0', 'q4_0', 'q4_1'"),
     (["train", "--tokens", "t", "--out", "o", "--dtype", "float8"], "train.dtype: expected one of 'float32'"),
     (["data", "split", "-i", "x", "--out", "o", "--split-by", "random"], "data.split_by: expected one of 'source'"),
     (["bench", "kv", "--model", "m", "--set", "serve.port=http"], "serve.port: expected int"),

@@ -82,7 +82,7 @@ def _probe(*keys):
 
 def test_a_flag_beats_set_which_beats_the_file(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('[infer]\nmax_num_seqs = 3\nkv_cache = "contiguous"\ndtype = "bfloat16"\n')
+    path.write_text('[infer]\nmax_num_seqs = 3\nkv_cache = "contiguous"\nweight_format = "bfloat16"\n')
     probe_app, seen = _probe("infer", "run.device")
     res = CliRunner().invoke(probe_app, ["probe", "--config", str(path), "--set", "infer.max_num_seqs=5",
                                          "--set", "infer.kv_cache=paged", "--max-num-seqs", "7",
@@ -91,7 +91,7 @@ def test_a_flag_beats_set_which_beats_the_file(tmp_path):
     cfg = seen["cfg"]
     assert cfg.infer.max_num_seqs == 7  # flag > --set > file
     assert cfg.infer.kv_cache == "paged"  # --set > file
-    assert cfg.infer.dtype == "bfloat16"  # file > default
+    assert cfg.infer.weight_format == "bfloat16"  # file > default
     assert cfg.infer.enable_prefix_caching is False and seen["out"] == "y"
     assert cfg.run.device == "cpu"
 
@@ -109,7 +109,7 @@ def test_a_flag_not_given_leaves_the_file_and_list_fields_alone(tmp_path):
 def test_flags_that_clash_with_a_parameter_are_refused_at_definition():
     with pytest.raises(TypeError, match="clash"):
         @config_command("infer")
-        def bad(cfg: Config, dtype: str = "x") -> None: ...
+        def bad(cfg: Config, weight_format: str = "x") -> None: ...
 
 
 def test_literal_flags_show_their_choices_in_help():

@@ -1,10 +1,11 @@
 """The typed config: TOML, then overrides; typos and wrong types are errors, never ignored."""
+import dataclasses
 import typing
 from pathlib import Path
 
 import pytest
 
-from tinystack.config import Config, ConfigError, load_config
+from tinystack.config import FINETUNE_DEFAULTS, RENAMED, Config, ConfigError, DataConfig, InferConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -61,7 +62,7 @@ LITERALS = list(_literal_fields())
 
 def test_fixed_choice_fields_are_literals():
     names = {name for name, _, _ in LITERALS}
-    assert {"infer.kv_cache", "infer.scheduler", "infer.dtype", "infer.quantize", "infer.backend", "train.dtype",
+    assert {"infer.kv_cache", "infer.scheduler", "infer.weight_format", "infer.runtime", "train.dtype",
             "train.backend", "tokenizer.kind", "data.split_by", "data.shingle_unit", "data.engine",
             "serve.otel_exporter"} <= names
     for name, allowed, default in LITERALS:
@@ -90,3 +91,40 @@ def test_the_old_serve_engine_keys_are_gone_and_point_nowhere():
     for key in ("serve.max_num_seqs=4", "serve.batching=dynamic", "infer.max_batch=4"):
         with pytest.raises(ConfigError, match="unknown key"):
             load_config(None, [key])
+
+
+def test_a_flag_names_one_key_on_every_command():
+    """Flags are generated from bare field names, so a name in two sections would make `--x` one key on `train`
+    and another on `serve` (as --block-size and --dtype once did): every field name is in one section only."""
+    owner: dict[str, str] = {}
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(getattr(Config(), section.name)):
+            assert f.name not in owner, f"{owner[f.name]}.{f.name} and {section.name}.{f.name} are both --{f.name}"
+            owner[f.name] = section.name
+
+
+@pytest.mark.parametrize("old, new", sorted(RENAMED.items()))
+def test_an_old_key_is_an_error_naming_the_new_one(tmp_path, old, new):
+    section, key = old.split(".")
+    path = tmp_path / "old.toml"
+    path.write_text(f"[{section}]\n{key} = 1\n")
+    for load in (lambda: load_config(path), lambda: load_config(None, [f"{old}=1"]),
+                 lambda: load_config(None, [], {old: 1})):
+        with pytest.raises(ConfigError, match=rf"{old} is now {new}$"):
+            load()
+    assert new.split(".")[1] in {f.name for f in dataclasses.fields(getattr(Config(), new.split(".")[0]))}
+
+
+def test_a_section_built_in_python_checks_its_values_as_a_file_does():
+    with pytest.raises(ConfigError, match="infer.weight_format: expected one of"):
+        InferConfig(weight_format="int8")
+    with pytest.raises(ConfigError, match="data.min_chars: expected int"):
+        DataConfig(min_chars="many")
+    assert InferConfig(memory_buffer=1).memory_buffer == 1.0  # an int widens to the float field, as in a file
+
+
+def test_finetune_starts_from_its_own_defaults_then_the_usual_order(tmp_path):
+    cfg = load_config(None, ["train.learning_rate=1e-3"], defaults=FINETUNE_DEFAULTS)
+    assert cfg.train.max_iters == FINETUNE_DEFAULTS["train.max_iters"] != Config().train.max_iters
+    assert cfg.train.learning_rate == 1e-3  # --set wins over the command's defaults
+    assert cfg.data.val_fraction == FINETUNE_DEFAULTS["data.val_fraction"]

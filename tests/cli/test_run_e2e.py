@@ -10,6 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.toml"
 CORE_ONLY = Path(__file__).with_name("core_only.py")
+NAME = "tinystack-smoke"  # smoke.toml's run.name: smoke models have their own line in the registry
 
 
 def _run(*args, timeout=240):
@@ -130,9 +131,9 @@ def test_the_run_promotes_its_model_and_refuses_a_worse_one(smoke_run, tmp_path)
     """The first run promoted its model; a run that trains far less is gated against it and not promoted."""
     workdir, proc = smoke_run
     registry = workdir / "registry"
-    index = json.loads((registry / "tinystack" / "index.json").read_text())
+    index = json.loads((registry / NAME / "index.json").read_text())
     assert index["current"] == "v1" and "promoted" in proc.stdout
-    record = json.loads((registry / "tinystack" / "v1" / "record.json").read_text())
+    record = json.loads((registry / NAME / "v1" / "record.json").read_text())
     lineage = json.loads((workdir / "model" / "tinystack.json").read_text())
     assert record["data_manifest_hash"] == lineage["data_manifest_hash"]
     assert record["metrics"]["val"]["loss"] == lineage["metrics"]["val"]["loss"]
@@ -140,8 +141,8 @@ def test_the_run_promotes_its_model_and_refuses_a_worse_one(smoke_run, tmp_path)
     worse = _run("run", "--config", str(SMOKE), "--workdir", str(tmp_path / "worse"), "--no-serve",
                  "--registry", str(registry), "--set", "train.max_iters=40")
     assert worse.returncode == 1, worse.stdout[-2000:] + worse.stderr[-2000:]
-    assert "not promoted: tinystack stays at v1; regressed:" in worse.stderr
+    assert f"not promoted: {NAME} stays at v1; regressed:" in worse.stderr
     assert "Traceback" not in worse.stderr
-    assert json.loads((registry / "tinystack" / "index.json").read_text())["current"] == "v1"
+    assert json.loads((registry / NAME / "index.json").read_text())["current"] == "v1"
     gate = json.loads((tmp_path / "worse" / "regression.json").read_text())["gate"]
     assert gate["baseline_version"] == "v1" and not gate["promote"]

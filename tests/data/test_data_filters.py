@@ -6,16 +6,17 @@ import random
 import numpy as np
 import pytest
 
+from tinystack.config import DataConfig
 from tinystack.data.filters.ngram_lm import CharNgramLM, PerplexityFilter
 from tinystack.data.filters.quality import (
     CharsetFilter,
-    QualityParams,
     RepetitionFilter,
     SymbolFilter,
     WordCountFilter,
     words,
 )
 from tinystack.data.io.records import Record
+from tinystack.data.options import quality_params
 
 EN = ("The river carries sediment from the mountains to the sea, and over many years the delta grows. "
       "Farmers value the rich soil, while engineers worry about floods during the spring melt.")
@@ -29,7 +30,7 @@ def run(step, texts):
 
 
 def test_clean_english_and_chinese_pass_every_default_filter():
-    for step in QualityParams().steps():
+    for step in quality_params(DataConfig()).steps():
         kept, dropped = run(step, [EN, ZH])
         assert kept == [EN, ZH], (step.name, dropped)
 

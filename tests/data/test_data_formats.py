@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
 
+from tinystack.config import DataConfig
 from tinystack.data.io.formats import FieldMap, read_csv, read_parquet, write_records
 from tinystack.data.io.readers import read_inputs
 from tinystack.data.io.records import Record
@@ -69,7 +70,7 @@ def test_every_malformed_kind_lands_in_rejected_and_counts_add_up(tmp_path):
     }
     lines = good[:10] + list(bad.values()) + good[10:]
     path = write_lines(tmp_path / "in.jsonl", lines)
-    m = prepare([path], tmp_path / "out", min_chars=5)
+    m = prepare([path], tmp_path / "out", DataConfig(min_chars=5))
     rej = read_jsonl_dicts(tmp_path / "out" / "rejected.jsonl")
     assert {r["reason"]: r["line"] for r in rej} == {reason: 11 + i for i, reason in enumerate(bad)}
     assert all(r["file"] == str(path) for r in rej)

@@ -6,6 +6,7 @@ import random
 
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
 
+from tinystack.config import DataConfig
 from tinystack.data.dedup.index import NearDupIndex
 from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.dedup.shingles import exact_jaccard, shingle_set
@@ -44,7 +45,7 @@ def _cross_split_pairs(out):
 def test_leakage_is_removed_from_val_and_test_when_dedup_is_off(tmp_path):
     path, _ = _corpus(tmp_path)
     out = tmp_path / "out"
-    m = prepare([path], out, near_dedup=None, val_fraction=0.2, test_fraction=0.2)
+    m = prepare([path], out, DataConfig(near_dedup=False, val_fraction=0.2, test_fraction=0.2))
     split_rows, cross = _cross_split_pairs(out)
     assert cross == 0
     leak = next(s for s in m["steps"] if s["name"] == "leakage")
@@ -54,14 +55,15 @@ def test_leakage_is_removed_from_val_and_test_when_dedup_is_off(tmp_path):
     assert not (sources["train"] & sources["val"] or sources["train"] & sources["test"]
                 or sources["val"] & sources["test"])
     # without the check the same run leaks: the test above is not vacuous
-    m2 = prepare([path], tmp_path / "leaky", near_dedup=None, leakage=None, val_fraction=0.2, test_fraction=0.2)
+    m2 = prepare([path], tmp_path / "leaky", DataConfig(near_dedup=False, leakage_threshold=0.0, val_fraction=0.2,
+                                                        test_fraction=0.2))
     assert _cross_split_pairs(tmp_path / "leaky")[1] > 0 and m2["leakage"] == 0
 
 
 def test_default_pipeline_has_no_cross_split_near_duplicates(tmp_path):
     path, rows = _corpus(tmp_path)
     out = tmp_path / "out"
-    m = prepare([path], out, val_fraction=0.2, test_fraction=0.2)
+    m = prepare([path], out, DataConfig(val_fraction=0.2, test_fraction=0.2))
     assert _cross_split_pairs(out)[1] == 0
     near = next(s for s in m["steps"] if s["name"] == "near_dedup")
     assert near["dropped"].get("near_duplicate", 0) >= 20  # the planted copies went at dedup time
@@ -105,14 +107,13 @@ def test_leakage_reusing_dedup_signatures_equals_hashing_again(tmp_path, monkeyp
     for k in range(40):
         rows.append({"text": _edit(rows[rng.randrange(180)]["text"], rng, rng.randrange(6, 12)), "source": f"m{k}"})
     path = write_lines(tmp_path / "in.jsonl", [json.dumps(r) for r in rows])
-    kw = dict(near_dedup=NearDupParams(threshold=0.97), leakage=NearDupParams(threshold=0.6),
-              val_fraction=0.2, test_fraction=0.2)
+    kw = dict(dedup_threshold=0.97, leakage_threshold=0.6, val_fraction=0.2, test_fraction=0.2)
     adopted = []
     real_adopt = leakage.LeakageCheck.adopt
     monkeypatch.setattr(leakage.LeakageCheck, "adopt", lambda self, *a: adopted.append(1) or real_adopt(self, *a))
-    m1 = prepare([path], tmp_path / "reuse", **kw)
+    m1 = prepare([path], tmp_path / "reuse", DataConfig(**kw))
     monkeypatch.setattr(leakage.LeakageCheck, "adopt", lambda self, *a: None)  # -> hash the files again
-    m2 = prepare([path], tmp_path / "hash", **kw)
+    m2 = prepare([path], tmp_path / "hash", DataConfig(**kw))
     assert adopted == [1]
     assert m1["leakage"] == m2["leakage"] > 0
     assert m1["hash"] == m2["hash"]  # identical split files

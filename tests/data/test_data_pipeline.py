@@ -7,6 +7,7 @@ import pytest
 from data_helpers import distinct_text, read_jsonl_dicts, write_lines
 
 import tinystack.data.pipeline as pipeline_mod
+from tinystack.config import DataConfig
 from tinystack.data.io.manifest import split_files_hash, verify_data_dir
 from tinystack.data.pipeline import prepare
 from tinystack.data.split.splitter import SPLITS
@@ -54,7 +55,7 @@ def _craft(tmp_path):
 def test_prepare_end_to_end(tmp_path):
     inputs, exp = _craft(tmp_path)
     out = tmp_path / "out"
-    m = prepare(inputs, out, min_chars=20, max_chars=200, val_fraction=0.15, test_fraction=0.15)
+    m = prepare(inputs, out, DataConfig(min_chars=20, max_chars=200, val_fraction=0.15, test_fraction=0.15))
 
     steps = {s["name"]: s for s in m["steps"]}
     for s in m["steps"]:
@@ -98,20 +99,20 @@ def test_prepare_end_to_end(tmp_path):
 def test_prepare_is_deterministic_and_removes_stale_rejects(tmp_path):
     inputs, _ = _craft(tmp_path)
     a, b = tmp_path / "a", tmp_path / "b"
-    ma, mb = prepare(inputs, a, min_chars=20), prepare(inputs, b, min_chars=20)
+    ma, mb = prepare(inputs, a, DataConfig(min_chars=20)), prepare(inputs, b, DataConfig(min_chars=20))
     assert ma["hash"] == mb["hash"]
     assert all((a / f"{k}.jsonl").read_bytes() == (b / f"{k}.jsonl").read_bytes() for k in SPLITS)
     assert (a / "rejected.jsonl").exists()
     clean = write_lines(tmp_path / "clean.jsonl",
                         [json.dumps({"text": f"clean document number {i}", "source": f"s{i}"}) for i in range(5)])
-    m = prepare([clean], a, min_chars=5)
+    m = prepare([clean], a, DataConfig(min_chars=5))
     assert not (a / "rejected.jsonl").exists() and m["rejects"]["file"] is None
 
 
 def test_crash_while_writing_splits_leaves_no_manifest(tmp_path, monkeypatch):
     inputs, _ = _craft(tmp_path)
     out = tmp_path / "out"
-    prepare(inputs, out, min_chars=20)
+    prepare(inputs, out, DataConfig(min_chars=20))
     old_train = (out / "train.jsonl").read_bytes()
     real = pipeline_mod.write_jsonl
 
@@ -122,7 +123,7 @@ def test_crash_while_writing_splits_leaves_no_manifest(tmp_path, monkeypatch):
 
     monkeypatch.setattr(pipeline_mod, "write_jsonl", failing)
     with pytest.raises(OSError):
-        prepare(inputs, out, min_chars=20, max_chars=200)  # drops a train record -> new train.jsonl
+        prepare(inputs, out, DataConfig(min_chars=20, max_chars=200))  # drops a train record -> new train.jsonl
     assert not (out / "manifest.json").exists()  # the run is visibly uncommitted
     with pytest.raises(FileNotFoundError):
         verify_data_dir(out)
@@ -134,11 +135,11 @@ def test_crash_while_writing_splits_leaves_no_manifest(tmp_path, monkeypatch):
 def test_bad_arguments_fail_before_touching_outputs(tmp_path):
     inputs, _ = _craft(tmp_path)
     out = tmp_path / "out"
-    m = prepare(inputs, out, min_chars=20)
+    m = prepare(inputs, out, DataConfig(min_chars=20))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     for kwargs in [dict(split_by="random"), dict(val_fraction=0.6, test_fraction=0.6), dict(split_by="time")]:
         with pytest.raises(ValueError):
-            prepare(inputs, out, **kwargs)
+            prepare(inputs, out, DataConfig(**kwargs))
     with pytest.raises(FileNotFoundError):
         prepare([tmp_path / "nope.jsonl"], out)
     with pytest.raises(ValueError):
@@ -155,7 +156,8 @@ def test_prepare_time_split(tmp_path):
     ]
     rows.append({"text": "an entry that has no timestamp at all", "source": "log"})
     path = write_lines(tmp_path / "t.jsonl", [json.dumps(r) for r in rows])
-    m = prepare([path], tmp_path / "out", split_by="time", val_from="2024-04-01", test_from="2024-06-01", min_chars=10)
+    m = prepare([path], tmp_path / "out", DataConfig(split_by="time", val_from="2024-04-01", test_from="2024-06-01",
+                                                     min_chars=10))
     months = [1 + i % 6 for i in range(30)]
     assert m["splits"]["train"]["records"] == sum(mo < 4 for mo in months)
     assert m["splits"]["val"]["records"] == sum(4 <= mo < 6 for mo in months)
@@ -171,6 +173,6 @@ def test_prepare_time_split(tmp_path):
 def test_few_sources_warns_about_empty_splits(tmp_path):
     path = write_lines(tmp_path / "one.jsonl",
                        [json.dumps({"text": f"only one source, doc {i}: {distinct_text(i, 5)}"}) for i in range(5)])
-    m = prepare([path], tmp_path / "out", min_chars=5)
+    m = prepare([path], tmp_path / "out", DataConfig(min_chars=5))
     assert m["splits"]["train"]["records"] == 5
     assert m["warnings"] == ["val split is empty", "test split is empty"]

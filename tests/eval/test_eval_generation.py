@@ -42,7 +42,7 @@ def test_evaluation_generates_as_inference_does(toy_model_dir):
 
     prompts = ["the big cat", "", "the small"]
     model, tok = load_model_dir(toy_model_dir)
-    llm = LLM(toy_model_dir, memory_limit=2**30)
+    llm = LLM(toy_model_dir, memory_limit_mb=1024)
     assert type(tok) is type(llm.tokenizer)
     for p in prompts:
         assert tok.encode_ordinary(p) == llm.tokenizer.encode_ordinary(p)

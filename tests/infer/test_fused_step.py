@@ -152,8 +152,7 @@ def test_greedy_generation_with_and_without_the_fused_step(fmt, rope, qk_norm):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
     def generate(fused: bool):
-        llm = LLM(copy.deepcopy(model), ToyTokenizer(), memory_limit=2**30, max_num_seqs=6, block_size=4,
-                  verbose=False)
+        llm = LLM(copy.deepcopy(model), ToyTokenizer(), memory_limit_mb=1024, max_num_seqs=6, kv_block_size=4)
         assert llm.engine.runner.fused is not None
         if not fused:
             llm.engine.runner.fused = None  # every step through the model's forward

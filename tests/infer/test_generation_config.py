@@ -66,7 +66,7 @@ def test_generate_takes_the_models_sampling_unless_a_flag_sets_it(tmp_path):
 
     def generate(*flags):
         res = CliRunner().invoke(app, ["generate", "--model", str(d), "--prompt", "abc", "--max-tokens", "16",
-                                       "--ignore-eos", "--set", "infer.dtype=float32", *flags])
+                                       "--ignore-eos", "--set", "infer.weight_format=float32", *flags])
         assert res.exit_code == 0, res.output
         return res.stdout.splitlines()[-1] if res.stdout.strip() else "", res.output
 
@@ -84,7 +84,7 @@ def test_llm_uses_the_models_sampling_when_given_no_params(tmp_path):
     from tinystack.infer import LLM, SamplingParams
 
     d = _dir(_tiny_model_dir(tmp_path), {"temperature": 0.0, "top_k": 5})
-    llm = LLM(d, dtype="float32")
+    llm = LLM(d, weight_format="float32")
     defaults = llm.get_default_sampling_params()  # vLLM's name
     assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.0, 5, 1.0)
     greedy = llm.generate("abc", SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0].token_ids

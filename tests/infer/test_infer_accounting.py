@@ -9,6 +9,7 @@ import pytest
 import torch
 from infer_helpers import ToyTokenizer
 
+from tinystack.config import InferConfig
 from tinystack.infer import AsyncEngine, LLMEngine, SamplingParams
 from tinystack.model import GPT, GPTConfig
 
@@ -20,8 +21,8 @@ def model():
 
 
 def _engine(model, **kw):
-    return LLMEngine(model, ToyTokenizer(), memory_limit=2**30, block_size=8, max_num_seqs=4,
-                     max_num_batched_tokens=24, num_kv_blocks=40, verbose=False, **kw)
+    return LLMEngine(model, ToyTokenizer(), InferConfig(memory_limit_mb=1024, kv_block_size=8, max_num_seqs=4,
+                                                        max_num_batched_tokens=24, num_kv_blocks=40, **kw))
 
 
 def test_request_shares_add_up_to_the_steps(model):

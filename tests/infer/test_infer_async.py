@@ -7,6 +7,7 @@ import pytest
 import torch
 from infer_helpers import ToyTokenizer
 
+from tinystack.config import InferConfig
 from tinystack.infer import LLM, AdmissionError, AsyncEngine, LLMEngine, SamplingParams
 from tinystack.model import GPT, GPTConfig
 
@@ -19,8 +20,9 @@ def model():
 
 @pytest.fixture
 def aengine(model):
-    eng = AsyncEngine(LLMEngine(model, ToyTokenizer(), memory_limit=2**30, block_size=8, max_num_seqs=4,
-                                max_num_batched_tokens=32, num_kv_blocks=12))
+    config = InferConfig(memory_limit_mb=1024, kv_block_size=8, max_num_seqs=4, max_num_batched_tokens=32,
+                         num_kv_blocks=12)
+    eng = AsyncEngine(LLMEngine(model, ToyTokenizer(), config))
     yield eng
     eng.shutdown()
 
@@ -28,7 +30,7 @@ def aengine(model):
 def test_streams_concatenate_to_the_offline_result(model, aengine):
     prompts = ["first prompt", "second", "a third, longer prompt than the others"]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=["zz"])
-    offline = LLM(model, ToyTokenizer(), memory_limit=2**30, max_num_seqs=4).generate(prompts, params)
+    offline = LLM(model, ToyTokenizer(), memory_limit_mb=1024, max_num_seqs=4).generate(prompts, params)
 
     async def consume(i, p):
         text, ids, last = "", [], None

@@ -7,6 +7,7 @@ import pytest
 import torch
 from infer_helpers import ToyTokenizer
 
+from tinystack.config import InferConfig
 from tinystack.infer import LLMEngine, SamplingParams
 from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.sequence import Sequence
@@ -20,8 +21,8 @@ def model():
 
 
 def _engine(model, **kw):
-    kw = {"memory_limit": 2**30, "block_size": 4, "max_num_seqs": 6, "max_num_batched_tokens": 16, **kw}
-    return LLMEngine(model, ToyTokenizer(), **kw)
+    kw = {"memory_limit_mb": 1024, "kv_block_size": 4, "max_num_seqs": 6, "max_num_batched_tokens": 16, **kw}
+    return LLMEngine(model, ToyTokenizer(), InferConfig(**kw))
 
 
 def _seq(tokens, rid="r"):
@@ -126,7 +127,7 @@ def test_random_interleavings_leak_nothing_and_lose_nothing(model):
     assert engine.num_free_blocks == engine.block_manager.num_blocks
     assert engine.scheduler.num_preemptions > 0 and engine.block_manager.prefix_hits > 0  # both paths exercised
     # every finished request got the tokens a fresh, unpressured engine produces
-    ref_engine = _engine(model, block_size=16, max_num_seqs=1, enable_prefix_caching=False)
+    ref_engine = _engine(model, kv_block_size=16, max_num_seqs=1, enable_prefix_caching=False)
     finished = [r for r in results.values() if r.finish_reason != "abort"]
     assert len(finished) + len(aborted) == n
     for r in finished[:12]:

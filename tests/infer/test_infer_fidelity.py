@@ -12,7 +12,7 @@ LENGTHS = [5, 23, 1, 40, 17]
 
 
 def _llm(model, **kw):
-    kw.setdefault("memory_limit", 2**30)
+    kw.setdefault("memory_limit_mb", 1024)
     kw.setdefault("max_num_seqs", 4)
     return LLM(model, ToyTokenizer(), **kw)
 
@@ -76,7 +76,7 @@ def test_cache_decode_equals_full_recompute_and_paged_equals_contiguous(family):
     model = load_model(d)
     prompts = random_prompts([9, 33, 4], seed=4)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
-    paged = _llm(model, kv_cache="paged", block_size=4, max_num_batched_tokens=12).generate(prompts, params)
+    paged = _llm(model, kv_cache="paged", kv_block_size=4, max_num_batched_tokens=12).generate(prompts, params)
     contiguous = _llm(model, kv_cache="contiguous").generate(prompts, params)
     for p, a, b in zip(prompts, paged, contiguous):
         seq = torch.tensor([p])
@@ -106,7 +106,7 @@ def test_per_request_seed_reproduces_regardless_of_batch(family):
 
 
 def test_numpy_backend_equals_torch_backend(tmp_path):
-    """backend="numpy" drives issue 4's NumPy GPT (tinystack.nn.gpt): same logits within 1e-4, same tokens."""
+    """runtime="numpy" drives issue 4's NumPy GPT (tinystack.nn.gpt): same logits within 1e-4, same tokens."""
     from infer_helpers import _hf_model
 
     from tinystack.infer.numpy_backend import load_numpy_model
@@ -121,5 +121,5 @@ def test_numpy_backend_equals_torch_backend(tmp_path):
     params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
               SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)]
     a = _llm(torch_model).generate(prompts, params)
-    b = LLM(tmp_path, ToyTokenizer(), backend="numpy", memory_limit=2**30, max_num_seqs=4).generate(prompts, params)
+    b = LLM(tmp_path, ToyTokenizer(), runtime="numpy", memory_limit_mb=1024, max_num_seqs=4).generate(prompts, params)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]

@@ -36,8 +36,8 @@ def test_llm_batch_equals_each_prompt_alone_from_a_model_directory(model_dir):
     """The batched engine and an unbatched one (max_num_seqs=1, one prompt at a time) give the same tokens."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = ["def generate(", "héllo", ""]
-    out = LLM(model_dir, dtype="float32", memory_limit=2**30, max_num_seqs=4).generate(prompts, params)
-    single = LLM(model_dir, dtype="float32", memory_limit=2**30, max_num_seqs=1)
+    out = LLM(model_dir, weight_format="float32", memory_limit_mb=1024, max_num_seqs=4).generate(prompts, params)
+    single = LLM(model_dir, weight_format="float32", memory_limit_mb=1024, max_num_seqs=1)
     for o, p in zip(out, prompts):
         alone = single.generate([p], params)[0]
         assert o.token_ids == alone.token_ids
@@ -55,7 +55,7 @@ def test_generate_cli_streams_the_continuation(model_dir):
     res = CliRunner().invoke(app, ["--model", str(model_dir), "--prompt", "def ", "--max-tokens", "8",
                                    "--temperature", "0", "--ignore-eos"])
     assert res.exit_code == 0, res.output
-    want = LLM(model_dir, memory_limit=2**30, max_num_seqs=1).generate(
+    want = LLM(model_dir, memory_limit_mb=1024, max_num_seqs=1).generate(
         ["def "], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0]
     assert res.stdout.startswith("def " + want.text)
     assert "finish_reason=length" in res.output
@@ -74,7 +74,7 @@ def test_generate_cli_speculates_from_infer_flags(model_dir, flags):
     app.command()(generate)
     prompt = "def generate(prompt, params):\n    return engine.run(prompt)\ndef generate("
     args = ["--model", str(model_dir), "--prompt", prompt, "--max-tokens", "16", "--temperature", "0", "--ignore-eos",
-            "--dtype", "float32"]
+            "--weight-format", "float32"]
     plain = CliRunner().invoke(app, args)
     spec = CliRunner().invoke(app, args + [f.format(model_dir=model_dir) for f in flags])
     assert plain.exit_code == spec.exit_code == 0, spec.output
@@ -97,7 +97,7 @@ def test_q8_0_weights_are_a_quarter_and_close(model_dir):
     for x, y in ((a, b), (a1, b1)):
         assert (x - y).abs().max() < 0.05 * x.abs().max()
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    out = LLM(model_dir, quantize="int8", memory_limit=2**30, max_num_seqs=2).generate(["def "], greedy)[0]
+    out = LLM(model_dir, weight_format="q8_0", memory_limit_mb=1024, max_num_seqs=2).generate(["def "], greedy)[0]
     assert len(out.token_ids) == 8
 
 

@@ -106,8 +106,8 @@ def test_greedy_batch_equals_one_at_a_time():
     params = [SamplingParams(temperature=0, max_tokens=8 + i % 5 * 6, ignore_eos=True) for i in range(len(prompts))]
 
     def llm():
-        return LLM(model, ToyTokenizer(), memory_limit=2**30, max_num_seqs=16, max_num_batched_tokens=64,
-                   block_size=4, verbose=False)
+        return LLM(model, ToyTokenizer(), memory_limit_mb=1024, max_num_seqs=16, max_num_batched_tokens=64,
+                   kv_block_size=4)
 
     together = llm().generate(prompts, params)
     alone = llm()

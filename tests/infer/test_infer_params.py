@@ -14,7 +14,7 @@ from tinystack.model import GPT, GPTConfig
 def llm():
     torch.manual_seed(1)
     model = GPT(GPTConfig(vocab_size=211, block_size=128, n_layer=2, n_head=2, n_embd=16)).eval()
-    return LLM(model, ToyTokenizer(), memory_limit=2**30, max_num_seqs=8, block_size=8)
+    return LLM(model, ToyTokenizer(), memory_limit_mb=1024, max_num_seqs=8, kv_block_size=8)
 
 
 def test_penalties_match_their_definitions():

@@ -7,6 +7,7 @@ import pytest
 import torch
 from infer_helpers import ToyTokenizer
 
+from tinystack.config import InferConfig
 from tinystack.infer import AdmissionError, LLMEngine, PromptError, PromptTooLongError, SamplingParams
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.model import GPT, GPTConfig
@@ -19,7 +20,7 @@ def model():
 
 
 def _engine(model, **kw):
-    return LLMEngine(model, ToyTokenizer(), **{"memory_limit": 2**30, "block_size": 8, **kw})
+    return LLMEngine(model, ToyTokenizer(), InferConfig(**{"memory_limit_mb": 1024, "kv_block_size": 8, **kw}))
 
 
 def test_long_prompt_is_chunked_and_running_decodes_keep_going(model):
@@ -58,7 +59,7 @@ def test_finished_sequences_leave_and_waiting_ones_join_next_step(model):
 
 
 def test_dynamic_batcher_flushes_on_size_or_wait_and_runs_to_completion(model):
-    engine = _engine(model, scheduler="dynamic", max_num_seqs=3, max_wait=0.2)
+    engine = _engine(model, scheduler="dynamic", max_num_seqs=3, max_wait_s=0.2)
     p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     engine.add_request("a", [5] * 4, p)
     assert engine.step() == []  # 1 < max_num_seqs and max_wait not reached
@@ -74,17 +75,16 @@ def test_dynamic_batcher_flushes_on_size_or_wait_and_runs_to_completion(model):
     assert sorted(s.request_id for s in engine.scheduler.running) == ["b", "c", "d"]
 
 
-def test_budget_follows_the_formula_and_is_printed(model, capsys):
-    engine = _engine(model, memory_limit=20_000_000, memory_buffer=0.2, max_num_seqs=1000,
-                     max_num_batched_tokens=1000, verbose=True)
+def test_budget_follows_the_formula_and_is_described(model):
+    engine = _engine(model, memory_limit_mb=20, memory_buffer=0.2, max_num_seqs=1000, max_num_batched_tokens=1000)
     b = engine.budget
     per_block = KVStorage.bytes_per_block(2, 8, 2, 8, torch.float32)
     assert b.bytes_per_block == per_block == 2 * 2 * 8 * 2 * 8 * 4
-    assert b.num_blocks == int((20_000_000 * 0.8 - b.weight_bytes - b.overhead) // per_block)
+    assert b.num_blocks == int((20 * 2**20 * 0.8 - b.weight_bytes - b.overhead) // per_block)
     assert b.weight_bytes == sum(p.numel() * 4 for p in {id(p): p for p in model.parameters()}.values())
     assert b.max_concurrent_full_len == b.num_blocks // (128 // 8)
     assert engine.storage.nbytes == b.num_blocks * per_block
-    assert f"{b.num_blocks} KV blocks" in capsys.readouterr().err
+    assert f"{b.num_blocks} KV blocks" in engine.describe().splitlines()[0]
 
 
 def test_requests_that_can_never_fit_are_refused_with_numbers(model):
@@ -95,7 +95,7 @@ def test_requests_that_can_never_fit_are_refused_with_numbers(model):
         engine.add_request("huge", [5] * 200, SamplingParams(max_tokens=1))
     engine.add_request("ok", [5] * 20, SamplingParams(max_tokens=12))  # 32 tokens: fits exactly
     with pytest.raises(AdmissionError, match="no room for a single KV block"):
-        _engine(model, memory_limit=1000)
+        _engine(model, memory_limit_mb=1, memory_buffer=0.999)  # ~1 KiB usable: not even the weights fit
 
 
 def test_prompt_rules_live_in_the_engine(model):
@@ -115,13 +115,13 @@ def test_prompt_rules_live_in_the_engine(model):
         eos_token_ids = frozenset()
 
     with pytest.raises(PromptError, match="empty and the tokenizer has no EOS"):
-        LLMEngine(model, NoEos(), memory_limit=2**30, verbose=False).add_request(None, "", SamplingParams())
+        LLMEngine(model, NoEos(), InferConfig(memory_limit_mb=1024)).add_request(None, "", SamplingParams())
 
 
 def test_infer_config_section_builds_the_engine(model):
     from tinystack.config import InferConfig
 
     cfg = InferConfig(kv_cache="contiguous", scheduler="dynamic", max_num_seqs=3, memory_limit_mb=64, memory_buffer=0.5)
-    engine = LLMEngine(model, ToyTokenizer(), **cfg.engine_kwargs())
-    assert engine.kv_cache == "contiguous" and engine.scheduler.max_num_seqs == 3
+    engine = LLMEngine(model, ToyTokenizer(), cfg)
+    assert engine.config is cfg and engine.scheduler.max_num_seqs == 3
     assert engine.budget.memory_limit == 64 * 2**20 and engine.budget.block_size == 128  # one block per sequence

@@ -7,6 +7,7 @@ import pytest
 import torch
 from infer_helpers import VOCAB, ToyTokenizer, random_prompts
 
+from tinystack.config import InferConfig
 from tinystack.infer import LLM, LLMEngine, PromptTooLongError, SamplingParams
 from tinystack.infer.bench import Recompute, kv_cache_speedup
 from tinystack.model import GPT, GPTConfig
@@ -21,7 +22,7 @@ def model():
 
 
 def _llm(model, **kw):
-    return LLM(model, ToyTokenizer(), memory_limit=2**30, max_num_seqs=4, verbose=False, **kw)
+    return LLM(model, ToyTokenizer(), memory_limit_mb=1024, max_num_seqs=4, **kw)
 
 
 @torch.no_grad()
@@ -72,7 +73,7 @@ def test_engine_without_a_cache_agrees_with_the_cached_engine(model):
 
 
 def test_the_cache_is_never_written_past_the_context(model):
-    eng = LLMEngine(model, ToyTokenizer(), kv_cache="contiguous", max_num_seqs=2, memory_limit=2**30, verbose=False)
+    eng = LLMEngine(model, ToyTokenizer(), InferConfig(kv_cache="contiguous", max_num_seqs=2, memory_limit_mb=1024))
     cfg = model.config
     # contiguous: one block of the whole context per sequence, K and V, every layer, fp32
     assert eng.storage.nbytes == 2 * cfg.n_layer * 2 * CONTEXT * cfg.n_kv_head * cfg.head_dim * 4

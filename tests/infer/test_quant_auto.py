@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinystack.infer.llm import load_for_inference
+from tinystack.config import InferConfig
+from tinystack.infer.loading import load_for_inference
 from tinystack.infer.quant import auto
 from tinystack.infer.quant.linear import QuantEmbedding, QuantLinear, head_format
 from tinystack.kernels import cpu
@@ -90,20 +91,19 @@ def test_fingerprint_follows_the_weights(model_dir, tmp_path):
 
 
 def test_load_for_inference_auto_and_explicit_overrides(model_dir, weight_format_cache):
-    model, tok = load_for_inference(model_dir)  # dtype="auto"
+    model, tok = load_for_inference(model_dir)  # weight_format="auto"
     choice = auto.choose_format(model, model_dir, tok, log=lambda line: None)  # the cached decision
     assert choice.cached
     kinds = {m.fmt for m in model.modules() if isinstance(m, QuantLinear)}
     assert kinds == (set() if choice.format == "fp32" else {choice.format, head_format(choice.format)})
-    plain, _ = load_for_inference(model_dir, dtype="float32")
+    plain, _ = load_for_inference(model_dir, InferConfig(weight_format="float32"))
     assert not any(isinstance(m, QuantLinear) for m in plain.modules())
-    q4, _ = load_for_inference(model_dir, quantize="q4_0")
+    q4, _ = load_for_inference(model_dir, InferConfig(weight_format="q4_0"))
     fmts = {name: m.fmt for name, m in q4.named_modules() if isinstance(m, QuantLinear)}
     assert fmts.pop("lm_head") == "q8_0" and set(fmts.values()) == {"q4_0"}
     assert isinstance(q4.transformer.wte, QuantEmbedding)
-    int8, _ = load_for_inference(model_dir, quantize="int8")
-    assert {m.fmt for m in int8.modules() if isinstance(m, QuantLinear)} == {"q8_0"}
-    with pytest.raises(ValueError, match="quantize must be one of"):
-        load_for_inference(model_dir, quantize="int3")
-    with pytest.raises(ValueError, match="dtype must be"):
-        load_for_inference(model_dir, dtype="fp8")
+    q8, _ = load_for_inference(model_dir, InferConfig(weight_format="q8_0"))
+    assert {m.fmt for m in q8.modules() if isinstance(m, QuantLinear)} == {"q8_0"}
+    for bad in ("int3", "fp8", "int8"):  # int8 was another name for q8_0: one name per format now
+        with pytest.raises(ValueError, match="infer.weight_format: expected one of 'auto', 'float32'"):
+            InferConfig(weight_format=bad)

@@ -2,11 +2,14 @@
 the KV cache rolled back past rejected drafts, and sampled output distributed as the target's (chi-square)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from infer_helpers import ToyTokenizer, random_prompts
 from scipy.stats import chi2
 
+from tinystack.config import InferConfig
 from tinystack.infer import LLM, LLMEngine, SamplingParams
 from tinystack.infer.speculative import Draft, lookup
 from tinystack.model import GPT, GPTConfig
@@ -34,7 +37,7 @@ def _llama(seed: int, n_layer: int = 2) -> Llama:
 
 
 def _llm(model, **kw) -> LLM:
-    return LLM(model, ToyTokenizer(), **{"memory_limit": 2**30, "block_size": 4, "verbose": False, **kw})
+    return LLM(model, ToyTokenizer(), **{"memory_limit_mb": 1024, "kv_block_size": 4, **kw})
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -61,7 +64,7 @@ def test_greedy_output_is_plain_greedy_token_for_token(family, mode, kv):
     runs batches to completion."""
     target = family(0)
     plain = _llm(target, **kv).generate(PROMPTS, GREEDY)
-    extra = {"draft_model": family(1, n_layer=1)} if mode == "draft" else {}
+    extra = {"draft": family(1, n_layer=1)} if mode == "draft" else {}
     llm = _llm(target, speculative=mode, num_speculative_tokens=3, **extra, **kv)
     outs = llm.generate(PROMPTS, GREEDY)
     for p, o in zip(plain, outs):
@@ -103,7 +106,7 @@ def test_draft_model_proposals_are_its_own_greedy_continuation_through_its_rolle
     """What the draft proposes each step equals the draft model's greedy continuation computed from scratch
     (no cache): its own cache stays right across accepted and rejected drafts, preemption-free batching."""
     target, draft_model = _gpt(0), _gpt(1, n_layer=1)
-    llm = _llm(target, speculative="draft", draft_model=draft_model, num_speculative_tokens=3)
+    llm = _llm(target, speculative="draft", draft=draft_model, num_speculative_tokens=3)
     proposer = llm.engine.speculator.proposer
     seen = []
 
@@ -144,8 +147,8 @@ def test_rejected_drafts_are_rolled_back_in_the_paged_cache():
     registered only true tokens (a later request reusing them continues exactly like plain decoding)."""
     target, prompt = _gpt(0), random_prompts([6], seed=3)[0]
     truth = prompt + _llm(target).generate([prompt], GREEDY)[0].token_ids
-    engine = LLMEngine(target, ToyTokenizer(), memory_limit=2**30, block_size=4, verbose=False,
-                       speculative="prompt_lookup", num_speculative_tokens=4)
+    engine = LLMEngine(target, ToyTokenizer(), InferConfig(memory_limit_mb=1024, kv_block_size=4,
+                                                           speculative="prompt_lookup", num_speculative_tokens=4))
     engine.speculator.proposer = SecondWrong(truth, 4)
     seq = engine.add_request(None, prompt, GREEDY)
     bs = engine.block_manager.block_size
@@ -163,7 +166,7 @@ def test_rejected_drafts_are_rolled_back_in_the_paged_cache():
     assert engine.spec_accepted_tokens > 0 and engine.spec_proposed_tokens > 2 * engine.spec_accepted_tokens
     # the keys/values a plain engine writes for the same tokens (max_tokens=2: still running after one step)
     ONE_STEP = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    plain = LLMEngine(target, ToyTokenizer(), memory_limit=2**30, block_size=4, verbose=False)
+    plain = LLMEngine(target, ToyTokenizer(), InferConfig(memory_limit_mb=1024, kv_block_size=4))
     ref = plain.add_request(None, truth[:-1], ONE_STEP)
     plain.step()
     n = len(truth) - 1
@@ -226,7 +229,7 @@ def _p_value(samples: list[list[int]], joint: torch.Tensor) -> float:
 
 
 def _sample(mode: str, n: int = 2000) -> tuple[list[list[int]], LLM]:
-    extra = {"draft_model": _peaked(7)} if mode == "draft" else {}
+    extra = {"draft": _peaked(7)} if mode == "draft" else {}
     llm = _llm(_peaked(0), speculative=mode, num_speculative_tokens=2, max_num_seqs=128, **extra)
     outs = llm.generate([PROMPT] * n, [SamplingParams(**SAMPLED, seed=s) for s in range(n)])
     return [o.token_ids for o in outs], llm
@@ -256,8 +259,8 @@ def test_config_errors_are_one_line():
     with pytest.raises(ValueError, match="needs draft_model"):
         _llm(target, speculative="draft")
     with pytest.raises(ValueError, match="same tokenizer"):
-        _llm(target, speculative="draft", draft_model=_gpt(1, vocab=100))
-    with pytest.raises(ValueError, match="speculative must be one of"):
+        _llm(target, speculative="draft", draft=_gpt(1, vocab=100))
+    with pytest.raises(ValueError, match="infer.speculative: expected one of .off., .prompt_lookup., .draft."):
         _llm(target, speculative="medusa")
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         _llm(target, speculative="prompt_lookup", num_speculative_tokens=0)
@@ -267,5 +270,5 @@ def test_infer_config_turns_speculation_on():
     from tinystack.config import InferConfig
 
     cfg = InferConfig(speculative="prompt_lookup", num_speculative_tokens=2, prompt_lookup_max=2)
-    engine = LLMEngine(_gpt(0), ToyTokenizer(), **{**cfg.engine_kwargs(), "memory_limit": 2**30}, verbose=False)
+    engine = LLMEngine(_gpt(0), ToyTokenizer(), dataclasses.replace(cfg, memory_limit_mb=1024))
     assert engine.speculator.k == 2 and engine.speculator.proposer.max_n == 2

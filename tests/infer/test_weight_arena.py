@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from infer_helpers import ToyTokenizer
 
+from tinystack.config import InferConfig
 from tinystack.infer import LLMEngine, SamplingParams
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.weight_arena import HUGE_PAGE, hugepage_empty, hugepages_available, place_weights
@@ -96,8 +97,8 @@ def test_untied_llama_head_is_placed_column_major_and_outputs_hold():
 def test_engine_output_is_the_same_with_and_without_hugepages():
     outs = []
     for huge in (True, False):
-        eng = LLMEngine(_gpt(seed=4), ToyTokenizer(), memory_limit=2**30, block_size=8, num_kv_blocks=64,
-                        hugepages=huge, verbose=False)
+        eng = LLMEngine(_gpt(seed=4), ToyTokenizer(), InferConfig(memory_limit_mb=1024, kv_block_size=8,
+                                                                  num_kv_blocks=64, hugepages=huge))
         assert eng.runner.arena is not None and eng.runner.arena.hugepages == (huge and hugepages_available())
         eng.add_request("a", "a prompt long enough to span blocks", SamplingParams(temperature=0, max_tokens=12))
         eng.add_request("b", "short", SamplingParams(temperature=0.8, seed=3, max_tokens=12))

@@ -85,10 +85,10 @@ def test_forward_keywords_mean_what_the_contract_says(model):
     logits, loss = model(idx)
     assert logits.shape == (2, 9, VOCAB) and loss is None
     targets = _ids(2, 9, seed=2)
-    targets[0, :3] = -1
+    targets[0, :3] = -100
     _, loss = model(idx, targets=targets)
     assert torch.allclose(loss, F.cross_entropy(logits.reshape(-1, VOCAB).float(), targets.reshape(-1),
-                                                ignore_index=-1), atol=1e-6)
+                                                ignore_index=-100), atol=1e-6)
     positions = torch.arange(9).expand(2, 9)
     assert torch.allclose(model(idx, positions=positions)[0], logits, atol=1e-6)
     last = model(idx, logit_index=torch.tensor([8, 4]))[0]

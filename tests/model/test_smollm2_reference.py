@@ -108,7 +108,7 @@ def test_32_greedy_tokens_through_our_engine_equal_transformers(smollm2_dir, smo
     prompts = [_chat_ids(smollm2_dir, m, ref_tok) for m in LONG_ANSWERS]
     # float32, as the reference computes: dtype="auto" may pick a quantised format on this CPU, whose greedy
     # path legitimately drifts from float32's after a few dozen tokens (tests/infer/quant hold the formats)
-    llm = LLM(smollm2_dir, dtype="float32", memory_limit=2**30)  # 1 GiB: weights + a small KV cache
+    llm = LLM(smollm2_dir, weight_format="float32", memory_limit_mb=1024)  # 1 GiB: weights + a small KV cache
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32))
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():

@@ -10,6 +10,7 @@ from tinystack.model.io import load_model
 from tinystack.nn import numerical_grad, rel_error
 from tinystack.nn.gpt import GPT
 from tinystack.nn.gpt_io import from_torch, load_numpy_gpt, save_numpy_gpt, to_torch
+from tinystack.nn.loss import IGNORE_INDEX
 
 CFG = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
 
@@ -27,13 +28,13 @@ def test_parameter_names_equal_the_torch_gpt() -> None:
 def test_all_gradients_match_torch_autograd_float64() -> None:
     model = GPT(CFG, dtype=np.float64, seed=3)
     idx, tgt = _batch()
-    tgt[0, 2] = -1  # an ignored position, as torch's ignore_index=-1
+    tgt[0, 2] = IGNORE_INDEX  # an ignored position, as torch's ignore_index=-100
     loss, grads = model.loss_and_grads(idx, tgt)
 
     tm = to_torch(model)
     logits, _ = tm(torch.from_numpy(idx))
     # the loss is computed here in float64 (GPT.forward's own loss casts logits to float32)
-    ref = F.cross_entropy(logits.view(-1, CFG.vocab_size), torch.from_numpy(tgt).view(-1), ignore_index=-1)
+    ref = F.cross_entropy(logits.view(-1, CFG.vocab_size), torch.from_numpy(tgt).view(-1), ignore_index=-100)
     ref.backward()
     assert abs(loss - ref.item()) < 1e-12
     torch_grads = {n: p.grad.numpy() for n, p in tm.named_parameters()}

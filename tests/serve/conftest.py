@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 from serve_helpers import FaultyModel, tiny_gpt, unbatched  # noqa: E402  (shared with the test files)
 
-from tinystack.config import ServeConfig
+from tinystack.config import InferConfig, ServeConfig
 from tinystack.infer import AsyncEngine, LLMEngine
 from tinystack.model import GPT
 from tinystack.model.io import save_model
@@ -64,7 +64,7 @@ def faulty_engine(request, tokenizer: BPETokenizer) -> Iterator[AsyncEngine]:
     if request.param == "unbatched":
         engine = unbatched(fault, tokenizer)
     else:
-        engine = AsyncEngine(LLMEngine(fault, tokenizer, max_num_seqs=8, num_kv_blocks=64))
+        engine = AsyncEngine(LLMEngine(fault, tokenizer, InferConfig(max_num_seqs=8, num_kv_blocks=64)))
     engine.fault = fault
     yield engine
     engine.shutdown()
@@ -73,7 +73,7 @@ def faulty_engine(request, tokenizer: BPETokenizer) -> Iterator[AsyncEngine]:
 @pytest.fixture
 def async_engine(tokenizer: BPETokenizer) -> Iterator[AsyncEngine]:
     """A continuous-batching AsyncEngine over the tiny GPT (shut down at teardown)."""
-    engine = AsyncEngine(LLMEngine(tiny_gpt(tokenizer), tokenizer, max_num_seqs=8, num_kv_blocks=64))
+    engine = AsyncEngine(LLMEngine(tiny_gpt(tokenizer), tokenizer, InferConfig(max_num_seqs=8, num_kv_blocks=64)))
     yield engine
     engine.shutdown()
 

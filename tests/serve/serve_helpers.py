@@ -4,6 +4,7 @@ import time
 
 import torch
 
+from tinystack.config import InferConfig
 from tinystack.infer import AsyncEngine, LLMEngine
 from tinystack.model import GPT, GPTConfig
 from tinystack.tokenizer import BPETokenizer
@@ -23,7 +24,7 @@ def wait_for(condition, timeout: float = 5.0) -> bool:
 
 def unbatched(model: torch.nn.Module, tokenizer: BPETokenizer) -> AsyncEngine:
     """The engine serving one sequence at a time (batching "none": max_num_seqs=1)."""
-    return AsyncEngine(LLMEngine(model, tokenizer, max_num_seqs=1, num_kv_blocks=16, verbose=False))
+    return AsyncEngine(LLMEngine(model, tokenizer, InferConfig(max_num_seqs=1, num_kv_blocks=16)))
 
 
 def tiny_gpt(tokenizer: BPETokenizer) -> GPT:

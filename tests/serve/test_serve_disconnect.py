@@ -9,6 +9,7 @@ import httpx
 import pytest
 from serve_helpers import PROMPT, FaultyModel, tiny_gpt, wait_for
 
+from tinystack.config import InferConfig
 from tinystack.infer import AsyncEngine, LLMEngine
 
 TRIALS = 120
@@ -25,8 +26,8 @@ def _raw_post(url: str, body: bytes) -> socket.socket:
 @pytest.fixture
 def one_slot_engine(tokenizer):
     """One sequence at a time (a second one waits in the engine's queue); a token every ~1 ms."""
-    engine = AsyncEngine(LLMEngine(FaultyModel(tiny_gpt(tokenizer), delay_s=0.001), tokenizer, max_num_seqs=1,
-                                   num_kv_blocks=64))
+    engine = AsyncEngine(LLMEngine(FaultyModel(tiny_gpt(tokenizer), delay_s=0.001), tokenizer,
+                                   InferConfig(max_num_seqs=1, num_kv_blocks=64)))
     yield engine
     engine.shutdown()
 

@@ -1,4 +1,4 @@
-"""The served engine comes from [infer]: dtype, quantize (int8 = Q8_0), KV cache kind, scheduler and max_num_seqs
+"""The served engine comes from [infer]: weight_format, KV cache kind, scheduler and max_num_seqs
 reach the engine, and the server's admission gate follows the engine's max_num_seqs (it has no copy of its own)."""
 import json
 
@@ -17,22 +17,23 @@ from tinystack.serve.engine.adapter import load_engine
 
 
 @pytest.mark.parametrize("infer", [
-    InferConfig(dtype="bfloat16", kv_cache="contiguous", scheduler="dynamic", max_num_seqs=2, memory_limit_mb=256),
-    InferConfig(quantize="int8", kv_cache="paged", block_size=8, max_num_seqs=3, enable_prefix_caching=False,
+    InferConfig(weight_format="bfloat16", kv_cache="contiguous", scheduler="dynamic", max_num_seqs=2,
                 memory_limit_mb=256),
-], ids=["bf16-contiguous-dynamic", "int8-paged"])
+    InferConfig(weight_format="q8_0", kv_cache="paged", kv_block_size=8, max_num_seqs=3, enable_prefix_caching=False,
+                memory_limit_mb=256),
+], ids=["bf16-contiguous-dynamic", "q8_0-paged"])
 def test_load_engine_builds_what_the_infer_section_says_and_serves_it(model_dir, infer):
     engine = load_engine(model_dir, infer)
     try:
         llm = engine.engine
-        assert llm.kv_cache == infer.kv_cache and llm.scheduler_kind == infer.scheduler
+        assert llm.config is infer
         assert llm.scheduler.max_num_seqs == infer.max_num_seqs
         assert isinstance(llm.scheduler, DynamicBatcher) == (infer.scheduler == "dynamic")
-        assert llm.budget.block_size == (llm.max_seq_len if infer.kv_cache == "contiguous" else infer.block_size)
+        assert llm.budget.block_size == (llm.max_seq_len if infer.kv_cache == "contiguous" else infer.kv_block_size)
         assert llm.budget.memory_limit == infer.memory_limit_mb * 2**20
         q8 = any(isinstance(m, QuantLinear) and m.fmt == "q8_0" for m in llm.model.modules())
-        assert q8 == (infer.quantize == "int8")
-        assert llm.dtype == (torch.bfloat16 if infer.dtype == "bfloat16" else torch.float32)
+        assert q8 == (infer.weight_format == "q8_0")
+        assert llm.dtype == (torch.bfloat16 if infer.weight_format == "bfloat16" else torch.float32)
         app = create_app(engine, ServeConfig(max_queued_requests=1), model_dir=model_dir)
         with run_in_background(app) as url:
             r = httpx.post(f"{url}/v1/completions", json={"prompt": "return the", "max_tokens": 3}, timeout=30)

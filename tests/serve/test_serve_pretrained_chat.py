@@ -40,7 +40,7 @@ def test_generate_chat_applies_the_template(smollm2):
     proc = subprocess.run([sys.executable, "-m", "tinystack", "generate", "--model", str(smollm2), "--chat",
                            "What is the capital of Japan?", "--temperature", "0", "--max-tokens", "16",
                            "--max-num-seqs", "1", "--memory-limit-mb", "1024",
-                           "--dtype", "float32"],  # float32's answer ends with <|im_end|> (not every format's does)
+                           "--weight-format", "float32"],  # its answer ends with <|im_end|> (not every format's does)
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Tokyo" in proc.stdout and "finish_reason=stop" in proc.stderr

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from tinystack.config import InferConfig
 from tinystack.infer import LLMEngine
 from tinystack.infer.sampler import SamplingParams
 from tinystack.observe.metrics import EngineCollector, EngineReading
@@ -75,7 +76,7 @@ def test_order_dispatches_and_rejects_unknown_policies():
 
 def test_prefix_hashes_match_what_the_engine_caches(tokenizer, tiny_model):
     """The gateway's hashes of a prompt are exactly the block hashes the engine registers for it."""
-    engine = LLMEngine(tiny_model, tokenizer, max_num_seqs=2, num_kv_blocks=32, block_size=8, verbose=False)
+    engine = LLMEngine(tiny_model, tokenizer, InferConfig(max_num_seqs=2, num_kv_blocks=32, kv_block_size=8))
     rng = random.Random(0)
     prompt = [rng.randrange(tokenizer.vocab_size) for _ in range(37)]
     engine.add_request("r", prompt, SamplingParams(max_tokens=2, temperature=0.0))

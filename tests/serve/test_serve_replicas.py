@@ -33,7 +33,7 @@ def _config() -> Config:
     cfg.serve.replicas, cfg.serve.replica_num_cpus, cfg.serve.routing = 2, 1.0, "prefix"
     cfg.serve.shutdown_grace_s = 10.0
     cfg.infer.max_num_seqs, cfg.infer.memory_limit_mb = 4, 64
-    cfg.infer.dtype, cfg.infer.hugepages = "float32", False  # no format measurement: replicas start fast
+    cfg.infer.weight_format, cfg.infer.hugepages = "float32", False  # no format measurement: replicas start fast
     return cfg
 
 
@@ -231,7 +231,7 @@ def test_a_rolling_update_fails_no_in_flight_request(cluster):
     stop, results = threading.Event(), []
     threads = _load(url, stop, results)
     time.sleep(1.0)
-    deploy.deploy(dirs[1], cfg)  # what `tinystack serve --model NEW --replicas 2 --ray-address auto` does
+    deploy.deploy(dirs[1], cfg)  # what `tinystack serve --model NEW --replicas 2 --ray-cluster auto` does
     deadline = time.monotonic() + REPLACE_S
     while time.monotonic() < deadline and (_replica_ids(url) & old or len(_replica_ids(url)) != 2):
         time.sleep(0.5)

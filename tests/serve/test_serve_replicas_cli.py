@@ -50,7 +50,7 @@ def test_tinystack_serve_with_two_replicas_serves_and_shuts_down_cleanly(model_d
         proc = subprocess.Popen(
             [sys.executable, "-m", "tinystack", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
              "--port", str(port), "--replicas", "2", "--replica-num-cpus", "1", "--max-num-seqs", "4",
-             "--memory-limit-mb", "64", "--dtype", "float32", "--no-hugepages", "--drain-delay-s", "0.5",
+             "--memory-limit-mb", "64", "--weight-format", "float32", "--no-hugepages", "--drain-delay-s", "0.5",
              "--shutdown-grace-s", "5", "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
     url = f"http://127.0.0.1:{port}"

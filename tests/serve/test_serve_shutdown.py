@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from serve_helpers import PROMPT, FaultyModel, tiny_gpt, wait_for
 
-from tinystack.config import ServeConfig
+from tinystack.config import InferConfig, ServeConfig
 from tinystack.infer import AsyncEngine, LLMEngine
 from tinystack.observe import setup_request_log
 from tinystack.observe.observer import Observer
@@ -71,8 +71,8 @@ ERROR_KEYS = {"message", "type", "param", "code"}
 
 def test_when_the_grace_runs_out_every_request_gets_a_503_and_a_log_line(tokenizer, tmp_path):
     # one sequence at a time, ~50 ms a token: a stream runs, a whole request waits in the engine's queue
-    engine = AsyncEngine(LLMEngine(FaultyModel(tiny_gpt(tokenizer), delay_s=0.05), tokenizer, max_num_seqs=1,
-                                   num_kv_blocks=64))
+    engine = AsyncEngine(LLMEngine(FaultyModel(tiny_gpt(tokenizer), delay_s=0.05), tokenizer,
+                                   InferConfig(max_num_seqs=1, num_kv_blocks=64)))
     log_path = tmp_path / "requests.jsonl"
     log = setup_request_log(log_path)
     app = create_app(engine, replace(ServeConfig(), timeout_s=30, stall_timeout_s=30), log)

@@ -22,7 +22,7 @@ def weight_format_cache(tmp_path, monkeypatch):
 
 
 def _infer(**kw) -> InferConfig:
-    return InferConfig(dtype="float32", max_num_seqs=4, memory_limit_mb=256, **kw)
+    return InferConfig(weight_format="float32", max_num_seqs=4, memory_limit_mb=256, **kw)
 
 
 @pytest.mark.parametrize("mode", ["prompt_lookup", "draft"])

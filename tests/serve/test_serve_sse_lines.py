@@ -16,6 +16,7 @@ import pytest
 import torch
 from serve_helpers import tiny_gpt
 
+from tinystack.config import InferConfig
 from tinystack.infer import AsyncEngine, LLMEngine
 from tinystack.serve.api.openai_service import sse
 from tinystack.tokenizer import BPETokenizer
@@ -52,7 +53,7 @@ def test_a_stream_of_line_separator_tokens_parses_line_by_line(serve, separator_
         model.transformer.wte.weight[token] *= 10
         model.transformer.ln_f.weight.zero_()
         model.transformer.ln_f.bias.copy_(model.transformer.wte.weight[token])
-    engine = AsyncEngine(LLMEngine(model, tok, max_num_seqs=4, num_kv_blocks=32))
+    engine = AsyncEngine(LLMEngine(model, tok, InferConfig(max_num_seqs=4, num_kv_blocks=32)))
     try:
         served = serve(engine)
         body = {"max_tokens": 4, "stream": True, "temperature": 0, "ignore_eos": True,

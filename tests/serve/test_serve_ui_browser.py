@@ -29,6 +29,7 @@ import torch
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from serve_helpers import PROMPT
 
+from tinystack.config import InferConfig
 from tinystack.infer import LLMEngine
 from tinystack.infer.async_engine import AsyncEngine
 from tinystack.model import GPT, GPTConfig
@@ -120,7 +121,7 @@ def chat_engine(tokenizer) -> Iterator[AsyncEngine]:
     """The tiny random GPT with a context of 256 tokens (the shared one has 64): room for a conversation."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=256, n_layer=2, n_head=2, n_embd=32))
-    engine = AsyncEngine(LLMEngine(model, tokenizer, max_num_seqs=4, num_kv_blocks=96))
+    engine = AsyncEngine(LLMEngine(model, tokenizer, InferConfig(max_num_seqs=4, num_kv_blocks=96)))
     yield engine
     engine.shutdown()
 
@@ -174,8 +175,8 @@ def test_playground_chats_with_the_real_smollm2(serve, smollm2_dir, page):
     playground, greedily, it names the capital; the turn ends at <|im_end|>, which is not shown."""
     from tinystack.infer import load_for_inference
 
-    model, tok = load_for_inference(smollm2_dir, dtype="float32")
-    engine = AsyncEngine(LLMEngine(model, tok, max_num_seqs=2, memory_limit=2**30))
+    model, tok = load_for_inference(smollm2_dir, InferConfig(weight_format="float32"))
+    engine = AsyncEngine(LLMEngine(model, tok, InferConfig(max_num_seqs=2, memory_limit_mb=1024)))
     try:
         s = serve(engine, model_dir=smollm2_dir)
         page.goto(s.url + "/")

@@ -85,7 +85,7 @@ def _messages(question: str, answer: str) -> list[dict[str, str]]:
 def conversations() -> list[dict]:
     """The JSONL rows: every paraphrase but the last of each fact in "veloria-train", the general facts in
     "general-train", the last paraphrases in "veloria-heldout" (one source: the split by source holds
-    all of them out together; 12 of 62 rows, so finetune.val_fraction=0.2 sends exactly that source)."""
+    all of them out together; 12 of 62 rows, so data.val_fraction=0.2 sends exactly that source)."""
     rows = []
     for _, answer, *questions in FACTS:
         rows += [{"messages": _messages(q, answer), "source": "veloria-train"} for q in questions[:-1]]

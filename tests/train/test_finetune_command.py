@@ -11,15 +11,15 @@ from finetune_helpers import WORDS, model_dir, qa, write_jsonl
 from typer.testing import CliRunner
 
 from tinystack.cli import app, main
-from tinystack.config import load_config
+from tinystack.config import FINETUNE_DEFAULTS, load_config
 from tinystack.infer import LLM, SamplingParams
 from tinystack.infer.chat import chat_formatter, encode_chat
 from tinystack.model import load_model
 from tinystack.train import loop
 from tinystack.train.finetune import finetune
 
-FAST = ["finetune.max_iters=8", "finetune.batch_size=4", "finetune.learning_rate=0.01", "finetune.warmup_iters=2",
-        "finetune.eval_interval=4", "finetune.val_fraction=0.25", "train.plot=false", "train.seed=0"]
+FAST = ["train.max_iters=8", "train.batch_size=4", "train.learning_rate=0.01", "train.warmup_iters=2",
+        "train.eval_interval=4", "data.val_fraction=0.25", "train.plot=false", "train.seed=0"]
 
 
 def _conversations(n=24, seed=0):
@@ -70,7 +70,7 @@ def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora)
         assert (out / name).is_file() == (base / name).is_file()
     lineage = json.loads((out / "tinystack.json").read_text())["finetune"]
     assert lineage["base_model"] == str(base) and lineage["config"]["lora"] == lora
-    llm = LLM(out, memory_limit=2**26)  # the engine serves it like any model directory
+    llm = LLM(out, memory_limit_mb=64)  # the engine serves it like any model directory
     rendered = chat_formatter(out, llm.tokenizer).render([{"role": "user", "content": "who?"}])
     prompt = encode_chat(llm.tokenizer, rendered)
     assert llm.generate([prompt], SamplingParams(max_tokens=5, temperature=0))[0].finish_reason in ("stop", "length")
@@ -78,7 +78,7 @@ def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora)
 
 def test_resume_is_bit_exact(tmp_path, data, monkeypatch):
     base = model_dir(tmp_path / "base", "llama")
-    cfg = load_config(None, [*FAST, "finetune.lora=4", "finetune.ckpt_interval=4"])
+    cfg = load_config(None, [*FAST, "finetune.lora=4", "train.ckpt_interval=4"], defaults=FINETUNE_DEFAULTS)
     finetune(base, data, tmp_path / "full", cfg, progress=False)
     real, calls = loop.next_token_loss, {"n": 0}
 
@@ -117,7 +117,7 @@ def test_user_errors_are_one_line(tmp_path, data, capsys, monkeypatch):
               "no linear layer matches LoRA targets")]
     for args, message in cases:
         monkeypatch.setattr(sys, "argv", ["tinystack", "finetune", *args, "--out", str(tmp_path / "out"),
-                                          "--set", "finetune.max_iters=1"])
+                                          "--set", "train.max_iters=1"])
         with pytest.raises(SystemExit) as e:
             main()
         err = capsys.readouterr().err.strip()
@@ -127,7 +127,7 @@ def test_user_errors_are_one_line(tmp_path, data, capsys, monkeypatch):
 def test_regression_gate_on_a_finetuned_llama(tmp_path, data):
     base = model_dir(tmp_path / "base", "llama")
     out = tmp_path / "tuned"
-    finetune(base, data, out, load_config(None, [*FAST, "finetune.lora=4"]), progress=False)
+    finetune(base, data, out, load_config(None, [*FAST, "finetune.lora=4"], defaults=FINETUNE_DEFAULTS), progress=False)
     cases = write_jsonl(tmp_path / "cases.jsonl", [
         {"id": "loss", "prompt": "what is the capital", "expect": "max_loss", "target": " of veloria", "threshold": 50},
         {"id": "gen", "prompt": "who", "expect": "regex", "target": ".*", "max_tokens": 4}])

@@ -10,12 +10,13 @@ from finetune_helpers import WORDS, model_dir, qa, write_jsonl
 
 from tinystack.config import DataConfig
 from tinystack.data.io.rejects import Rejects
+from tinystack.eval.scoring import score_batches
 from tinystack.infer.chat import ChatFormatter, chat_formatter, encode_chat
 from tinystack.model import load_model
 from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune_batches import ConversationBatches, encode_conversation, fixed_batches, pad_batch
 from tinystack.train.finetune_data import ConversationError, conversation_messages, prepare_conversations
-from tinystack.train.loss import IGNORE_INDEX, batches_loss
+from tinystack.train.loss import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_bad_lines_are_quarantined_with_line_numbers(tmp_path, llama_dir):
     with open(path, "ab") as f:
         f.write(b'{"prompt": "caf\xe9", "completion": "x"}\n')  # invalid UTF-8
     rejects = Rejects()
-    prep = prepare_conversations(path, fmt, DataConfig(near_dedup=False), 0.0, rejects)
+    prep = prepare_conversations(path, fmt, DataConfig(near_dedup=False, val_fraction=0.0), rejects)
     got = [(e["line"], e["reason"]) for e in rejects.entries]
     assert got == [(2, "invalid_json"), (3, "not_object"), (5, "no_assistant"), (6, "bad_source"),
                    (8, "invalid_utf8")]
@@ -71,7 +72,7 @@ def test_dedup_then_split_by_source(tmp_path, llama_dir):
     rows += [rows[0], rows[3]]  # exact duplicates (same text, same source)
     rows.append({**rows[1], "source": "src5"})  # the same conversation in another source: dropped too
     rejects = Rejects()
-    prep = prepare_conversations(write_jsonl(tmp_path / "c.jsonl", rows), fmt, DataConfig(), 0.3, rejects)
+    prep = prepare_conversations(write_jsonl(tmp_path / "c.jsonl", rows), fmt, DataConfig(val_fraction=0.3), rejects)
     dedup = prep.steps[0]
     assert dedup.dropped["exact_duplicate"] == 3 and len(prep.train) + len(prep.val) == 12
     train_src, val_src = {r.source for r in prep.train}, {r.source for r in prep.val}
@@ -148,8 +149,10 @@ def test_padding_leaks_nothing(llama_dir):
         batched = model(torch.from_numpy(x))[0][0, :len(short.ids) - 1]
     assert torch.allclose(alone, batched, atol=1e-5)
     # so the batch loss is the token-weighted mean of each conversation's own loss
-    (la, na), (lb, nb) = (batches_loss(model, [pad_batch([e], 0)], "float32", "cpu") for e in (short, long))
-    both, n = batches_loss(model, fixed_batches([short, long], 2, 0), "float32", "cpu")
+    a, b = (score_batches(model, [pad_batch([e], 0)]) for e in (short, long))
+    (la, na), (lb, nb) = (a.loss, a.tokens), (b.loss, b.tokens)
+    scored = score_batches(model, fixed_batches([short, long], 2, 0))
+    both, n = scored.loss, scored.tokens
     assert n == na + nb == short.n_targets + long.n_targets
     assert both == pytest.approx((la * na + lb * nb) / n, rel=1e-5)
 

@@ -8,7 +8,8 @@ import pytest
 from finetune_helpers import write_jsonl
 from planted_facts import FACTS, GENERAL_TEST, OPEN_PROMPTS, conversations, heldout_questions
 
-from tinystack.config import ServeConfig, load_config
+from tinystack.config import FINETUNE_DEFAULTS, InferConfig, ServeConfig, load_config
+from tinystack.eval.scoring import score_batches
 from tinystack.infer import LLM, AsyncEngine, SamplingParams
 from tinystack.infer.chat import chat_formatter, encode_chat
 from tinystack.model import load_model
@@ -16,7 +17,6 @@ from tinystack.serve import create_app, run_in_background
 from tinystack.tokenizer import load_tokenizer
 from tinystack.train.finetune import finetune
 from tinystack.train.finetune_batches import encode_conversation, fixed_batches
-from tinystack.train.loss import batches_loss
 
 transformers = pytest.importorskip("transformers")
 # nats per token the base model's own answers to general prompts may become less likely after fine-tuning
@@ -36,17 +36,17 @@ def _answers_loss(model_dir, questions, answers):
     fmt = chat_formatter(model_dir, tok)
     examples = [encode_conversation([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
                                     fmt, tok, 256) for q, a in zip(questions, answers)]
-    return batches_loss(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id), "float32", "cpu")[0]
+    return score_batches(load_model(model_dir), fixed_batches(examples, 8, tok.eos_token_id)).loss
 
 
 @pytest.mark.slow  # 16 LoRA steps and generation on a 135M model: ~60 s on an idle 2-core machine
 def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2_dir, tmp_path, monkeypatch):
     data = write_jsonl(tmp_path / "veloria.jsonl", conversations())
-    cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "finetune.max_iters=16",
-                             "finetune.batch_size=8", "finetune.learning_rate=3e-3", "finetune.min_lr=3e-4",
-                             "finetune.warmup_iters=3", "finetune.eval_interval=100", "finetune.val_fraction=0.2",
+    cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "train.max_iters=16",
+                             "train.batch_size=8", "train.learning_rate=3e-3", "train.min_lr=3e-4",
+                             "train.warmup_iters=3", "train.eval_interval=100", "data.val_fraction=0.2",
                              # float32 as asked below (no precision probe); torch's default threads
-                             "train.dtype=float32", "train.plot=false"])
+                             "train.dtype=float32", "train.plot=false"], defaults=FINETUNE_DEFAULTS)
     out = tmp_path / "tuned"
     report = finetune(smollm2_dir, data, out, cfg, progress=False)
     held = report["heldout"]  # the val split is the "veloria-heldout" source: paraphrases never trained on
@@ -54,10 +54,10 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2_dir, tmp_
 
     general_q = [q for _, q in GENERAL_TEST] + OPEN_PROMPTS
     # Asked in float32, the precision it was trained in; the served model below loads as a user's serve does
-    base_llm = LLM(smollm2_dir, dtype="float32", memory_limit=2**30)
+    base_llm = LLM(smollm2_dir, weight_format="float32", memory_limit_mb=1024)
     base_general = _ask(base_llm, smollm2_dir, general_q, max_tokens=48)
     del base_llm
-    llm = LLM(out, dtype="float32", memory_limit=2**30)
+    llm = LLM(out, weight_format="float32", memory_limit_mb=1024)
     trained_q = [qs[0] for _, _, *qs in FACTS]
     answers = _ask(llm, out, trained_q + [q for _, q in heldout_questions()] + general_q)
     del llm
@@ -77,7 +77,7 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2_dir, tmp_
     from tinystack.infer.quant import auto
 
     monkeypatch.setattr(auto, "CACHE_DIR", tmp_path / "weight_format_cache")
-    engine = AsyncEngine.from_dir(out, dtype="auto", memory_limit=2**30)
+    engine = AsyncEngine.from_dir(out, InferConfig(memory_limit_mb=1024))  # weight_format "auto"
     try:
         app = create_app(engine, ServeConfig(), model_dir=out)
         with run_in_background(app, startup_timeout_s=60) as url:

@@ -19,7 +19,7 @@ PATHS = ["native", "torch"] if fused_ops.extension() is not None else ["torch"]
 
 def _reference(h, w, targets, autocast):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        return cross_entropy(F.linear(h, w), targets, -1)
+        return cross_entropy(F.linear(h, w), targets, IGNORE_INDEX)
 
 
 # float64 always runs the PyTorch ops (the C++ rows take bf16 and float32)
@@ -37,9 +37,9 @@ def test_value_and_gradient_match_the_logits_path(case, path, monkeypatch):
     h = torch.randn(23, 16, generator=g, dtype=dtype).requires_grad_(True)
     w = torch.randn(97, 16, generator=g, dtype=dtype)
     targets = torch.randint(0, 97, (23,), generator=g)
-    targets[[0, 6, 7, 22]] = -1  # no target there: no loss, no gradient
+    targets[[0, 6, 7, 22]] = IGNORE_INDEX  # no target there: no loss, no gradient
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        ours = fh.frozen_head_loss(h, w, targets, -1)
+        ours = fh.frozen_head_loss(h, w, targets, IGNORE_INDEX)
     (ours * 2.5).backward()
     got, h.grad = h.grad, None
     ref = _reference(h, w, targets, autocast)
@@ -56,16 +56,16 @@ def test_value_and_gradient_match_the_logits_path(case, path, monkeypatch):
 
 def test_every_row_ignored_is_nan_and_no_grad_mode_needs_no_gradient():
     h, w = torch.randn(4, 8, requires_grad=True), torch.randn(11, 8)
-    assert torch.isnan(fh.frozen_head_loss(h, w, torch.full((4,), -1), -1))
+    assert torch.isnan(fh.frozen_head_loss(h, w, torch.full((4,), IGNORE_INDEX), IGNORE_INDEX))
     with torch.no_grad():
         t = torch.tensor([1, 2, 3, 4])
-        assert torch.allclose(fh.frozen_head_loss(h, w, t, -1), cross_entropy(h @ w.t(), t, -1))
+        assert torch.allclose(fh.frozen_head_loss(h, w, t, IGNORE_INDEX), cross_entropy(h @ w.t(), t, IGNORE_INDEX))
 
 
 def test_a_head_that_trains_is_refused():
     w = torch.randn(11, 8, requires_grad=True)
     with pytest.raises(ValueError, match="requires a gradient"):
-        fh.frozen_head_loss(torch.randn(4, 8), w, torch.tensor([1, 2, 3, 4]), -1)
+        fh.frozen_head_loss(torch.randn(4, 8), w, torch.tensor([1, 2, 3, 4]), IGNORE_INDEX)
 
 
 def test_the_kept_bf16_weight_follows_changes_to_the_weight():
@@ -75,7 +75,7 @@ def test_the_kept_bf16_weight_follows_changes_to_the_weight():
 
     def loss():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return fh.frozen_head_loss(h, w, t, -1)
+            return fh.frozen_head_loss(h, w, t, IGNORE_INDEX)
     first = loss()
     assert torch.equal(loss(), first)  # kept: the same copy, the same value
     with torch.no_grad():

@@ -35,7 +35,7 @@ def _run(cmd: list[str], tmp: Path) -> None:
 def test_one_ddp_step_on_2_processes_equals_one_step_on_the_combined_batch(tmp_path):
     tok_dir = _token_dir(tmp_path)
     common = ["--tokens", str(tok_dir), "--set", "model.n_layer=1", "--set", "model.n_head=2",
-              "--set", "model.n_embd=16", "--set", "model.block_size=8", "--set", "train.max_iters=1",
+              "--set", "model.n_embd=16", "--set", "model.context_length=8", "--set", "train.max_iters=1",
               "--set", "train.dtype=float64",
               "--set", "train.warmup_iters=0", "--set", "train.eval_interval=100", "--set", "train.eval_iters=1",
               "--set", "train.plot=false", "--set", "train.seed=0", "--set", "train.learning_rate=0.01"]

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tinystack.config import TrainConfig
+from tinystack.eval.scoring import score_tokens
 from tinystack.model import GPT, GPTConfig
 from tinystack.nn.schedule import lr_at
-from tinystack.train import NonFiniteLossError, estimate_loss, get_batch, make_optimizer, train
+from tinystack.train import NonFiniteLossError, get_batch, make_optimizer, train
 
 
 def _tokens(n=4000, vocab=16, seed=0):
@@ -33,13 +34,14 @@ def test_training_reduces_loss_and_writes_a_log(tmp_path):
     gcfg = GPTConfig(vocab_size=16, block_size=16, n_layer=1, n_head=2, n_embd=32)
     tr = _tokens(seed=0)
     cfg = _cfg()
-    untrained = estimate_loss(GPT(gcfg), tr, cfg, torch.device("cpu"))
+    untrained = score_tokens(GPT(gcfg), tr).loss
     model, result = train(gcfg, tr, tr, cfg, log_path=tmp_path / "log.jsonl", progress=False)
     assert untrained > math.log(16) * 0.9  # starts near uniform
     assert result.final_val_loss < 0.6 * untrained  # and learns the cycle
     lines = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(cfg.max_iters))
     assert sum("val_loss" in r for r in lines) == 2  # at step 40 and at the end
+    assert [r["final_val_loss"] for r in lines if "final_val_loss" in r] == [result.final_val_loss]  # the last
     assert all(r["lr"] == pytest.approx(lr_at(r["step"], max_lr=cfg.learning_rate, min_lr=cfg.min_lr,
                                                  warmup_iters=cfg.warmup_iters, max_iters=cfg.max_iters))
                for r in lines)

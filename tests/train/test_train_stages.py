@@ -28,7 +28,7 @@ def _data_dir(tmp_path):
 
 def _cfg(*extra):
     return load_config(None, ["tokenizer.kind=char", "tokenizer.position_split=0.1", "model.n_layer=1",
-                              "model.n_head=2", "model.n_embd=16", "model.block_size=16", "train.max_iters=30",
+                              "model.n_head=2", "model.n_embd=16", "model.context_length=16", "train.max_iters=30",
                               "train.batch_size=4", "train.eval_interval=10", "train.eval_iters=2",
                               "train.warmup_iters=2", "train.learning_rate=0.01", *extra])
 

@@ -67,12 +67,11 @@ def normalize(cfg: Config, input: InputOpt, out: OutFile, progress: Progress = T
                 "data.perplexity_percentile", *FIELDS)
 def filter_(cfg: Config, input: InputOpt, out: OutFile, progress: Progress = True) -> None:
     """Quality filters: words, charset, symbols/digits, repetition, perplexity (with --perplexity-reference)."""
-    from tinystack.data.filters.quality import QualityParams
     from tinystack.data.options import field_map, quality_params
     from tinystack.data.tools import filter_files
 
-    cfg.data.quality = True
-    q = quality_params(cfg.data) or QualityParams()
+    cfg.data.quality = True  # the command is the quality filters
+    q = quality_params(cfg.data)
     _show(filter_files(input, out, q, fields=field_map(cfg.data), progress=progress), f"filter -> {out}")
 
 
@@ -99,12 +98,9 @@ def dedup(cfg: Config, input: InputOpt, out: OutDir,
                 "data.leakage_threshold", *FIELDS)
 def split(cfg: Config, input: InputOpt, out: OutDir, progress: Progress = True) -> None:
     """Split by source or time (never random) and remove cross-split near duplicates."""
-    from tinystack.data.options import prepare_kwargs
     from tinystack.data.tools import split_files
 
-    kw = {k: v for k, v in prepare_kwargs(cfg.data).items() if k in ("split_by", "val_fraction", "test_fraction",
-                                                                     "val_from", "test_from", "fields", "leakage")}
-    _show(split_files(input, out, progress=progress, **kw), f"split -> {out}")
+    _show(split_files(input, out, cfg.data, progress=progress), f"split -> {out}")
 
 
 @app.command("prepare")

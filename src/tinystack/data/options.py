@@ -1,7 +1,7 @@
 """`DataConfig` (the ``[data]`` config section) -> the data layer's typed parameters.
 
 One place turns the flat config keys into `FieldMap`, `QualityParams` and
-`NearDupParams`, so `tinystack run`, `tinystack data prepare` and the other data
+`NearDupParams`, so `prepare` (which takes the section whole) and the single-step data
 commands interpret a config identically.
 """
 from __future__ import annotations
@@ -21,23 +21,14 @@ def field_map(d: Any) -> FieldMap:
 def quality_params(d: Any) -> QualityParams | None:
     if not d.quality:
         return None
-    return QualityParams(min_words=d.min_words, scripts=tuple(d.scripts), min_script_ratio=d.min_script_ratio,
-                         max_symbol_ratio=d.max_symbol_ratio, max_digit_ratio=d.max_digit_ratio,
-                         repetition=d.repetition, perplexity_reference=tuple(d.perplexity_reference),
-                         perplexity_percentile=d.perplexity_percentile)
+    return QualityParams(min_words=d.min_words, max_words=d.max_words, scripts=tuple(d.scripts),
+                         min_script_ratio=d.min_script_ratio, max_symbol_ratio=d.max_symbol_ratio,
+                         max_digit_ratio=d.max_digit_ratio, repetition=d.repetition,
+                         perplexity_reference=tuple(d.perplexity_reference),
+                         perplexity_percentile=d.perplexity_percentile, perplexity_order=d.perplexity_order,
+                         perplexity_max_chars=d.perplexity_max_chars)
 
 
 def near_dup_params(d: Any, threshold: float | None = None) -> NearDupParams:
     return NearDupParams(threshold=d.dedup_threshold if threshold is None else threshold, num_perm=d.num_perm,
                          k=d.shingle_k, unit=d.shingle_unit)
-
-
-def prepare_kwargs(d: Any) -> dict[str, Any]:
-    """Keyword arguments for `tinystack.data.prepare` from a `DataConfig`."""
-    return dict(
-        min_chars=d.min_chars, max_chars=d.max_chars, split_by=d.split_by, val_fraction=d.val_fraction,
-        test_fraction=d.test_fraction, val_from=d.val_from, test_from=d.test_from, fields=field_map(d),
-        quality=quality_params(d), near_dedup=near_dup_params(d) if d.near_dedup else None,
-        leakage=near_dup_params(d, d.leakage_threshold) if d.leakage_threshold > 0 else None,
-        workers=d.workers, engine=d.engine, ray_address=d.ray_address,
-    )

@@ -34,17 +34,17 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from tinystack.atomic import file_sha256, write_json
+from tinystack.config import DataConfig
 from tinystack.data.dedup.exact import ExactDedup
-from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.dedup.near_step import NearDedup
 from tinystack.data.filters.clean import LengthFilter, Normalize
-from tinystack.data.filters.quality import QualityParams
-from tinystack.data.io.formats import IDENTITY, FieldMap
+from tinystack.data.io.formats import IDENTITY
 from tinystack.data.io.manifest import FORMAT, MANIFEST, combine_hashes
 from tinystack.data.io.readers import TextMode, input_files, read_inputs
 from tinystack.data.io.records import Record, write_jsonl
 from tinystack.data.io.rejects import Rejects
 from tinystack.data.io.spool import Spool
+from tinystack.data.options import field_map, near_dup_params, quality_params
 from tinystack.data.split.leakage import LeakageCheck
 from tinystack.data.split.splitter import SPLITS, StreamSplitter
 from tinystack.data.steps import StepStats
@@ -81,37 +81,23 @@ def _split_info(records: Iterable[Record], info: dict[str, Any]) -> Iterator[Rec
     info["_sources"] = sources
 
 
-def prepare(
-    inputs: Sequence[str | Path],
-    out_dir: str | Path,
-    *,
-    min_chars: int = 32,
-    max_chars: int = 20_000,
-    split_by: str = "source",
-    val_fraction: float = 0.05,
-    test_fraction: float = 0.05,
-    val_from: str = "",
-    test_from: str = "",
-    progress: bool = False,
-    text_mode: TextMode = "blocks",
-    fields: FieldMap = IDENTITY,
-    quality: QualityParams | None = QualityParams(),
-    near_dedup: NearDupParams | None = NearDupParams(),
-    leakage: NearDupParams | None = NearDupParams(),
-    workers: int = 1,
-    engine: str = "local",
-    ray_address: str | None = None,
-) -> dict[str, Any]:
-    """Run the data pipeline on `inputs` and write `out_dir`; return the manifest dict.
+def prepare(inputs: Sequence[str | Path], out_dir: str | Path, config: DataConfig | None = None, *,
+            progress: bool = False, text_mode: TextMode = "blocks") -> dict[str, Any]:
+    """Run the data pipeline on `inputs` with the [data] section (`config`, whole; its defaults when None) and
+    write `out_dir`; return the manifest dict.
 
-    `inputs`: JSONL, CSV/TSV, Parquet, .txt files, folders of .txt (see `read_inputs`);
-    `fields` maps other schemas' field names. `quality=None` skips the quality filters,
-    `near_dedup=None` the MinHash step, `leakage=None` the cross-split check.
-    `workers` > 1 computes signatures in a process pool; ``engine="ray"`` runs near
-    dedup on Ray Data (`ray_address`: "auto", "local" or a cluster address).
-    Arguments are validated before any input is read (ValueError / FileNotFoundError).
-    Empty splits are allowed but listed under ``manifest["warnings"]``.
+    `inputs`: JSONL, CSV/TSV, Parquet, .txt files, folders of .txt (see `read_inputs`); the `*_field` keys map
+    other schemas' field names. `quality=false` skips the quality filters, `near_dedup=false` the MinHash step,
+    `leakage_threshold=0` the cross-split check; `workers` > 1 computes signatures in a process pool, and
+    ``engine="ray"`` runs near dedup on Ray Data (`ray_address`). Arguments are validated before any input is
+    read (ValueError / FileNotFoundError). Empty splits are allowed but listed under ``manifest["warnings"]``.
     """
+    d = config or DataConfig()
+    min_chars, max_chars, split_by, workers, engine = d.min_chars, d.max_chars, d.split_by, d.workers, d.engine
+    val_fraction, test_fraction, val_from, test_from = d.val_fraction, d.test_fraction, d.val_from, d.test_from
+    fields, quality = field_map(d), quality_params(d)
+    near_dedup = near_dup_params(d) if d.near_dedup else None
+    leakage = near_dup_params(d, d.leakage_threshold) if d.leakage_threshold > 0 else None
     if not inputs:
         raise ValueError("prepare: no inputs given")
     if engine not in ("local", "ray"):
@@ -120,15 +106,19 @@ def prepare(
         raise ValueError(f"workers must be >= 1, got {workers}")
     out_dir = Path(out_dir)
     rejects = Rejects()
-    steps: list[Any] = [Normalize(), LengthFilter(min_chars, max_chars), *(quality.steps() if quality else []),
-                        ExactDedup()]
+    # the dedup steps by name, not by position in the chain: the leakage check reuses the near step's signatures
+    # and dedup_rate reads both, whatever steps come before or after them
+    exact: Any = ExactDedup()
+    near: Any = None
     if near_dedup is not None:
         if engine == "ray":
             from tinystack.data.dedup.ray_engine import RayNearDedup
 
-            steps.append(RayNearDedup(near_dedup, exact=False, address=ray_address))
+            near = RayNearDedup(near_dedup, exact=False, address=d.ray_address)
         else:
-            steps.append(NearDedup(near_dedup, exact=False, workers=workers))
+            near = NearDedup(near_dedup, exact=False, workers=workers)
+    steps: list[Any] = [Normalize(), LengthFilter(min_chars, max_chars), *(quality.steps() if quality else []),
+                        exact, *([near] if near is not None else [])]
     splitter = StreamSplitter(split_by, val_fraction=val_fraction, test_fraction=test_fraction,
                               val_from=val_from, test_from=test_from, rejects=rejects)
     files = input_files(inputs)  # raises on a missing/unsupported input before work starts
@@ -152,7 +142,6 @@ def prepare(
         leak = StepStats("leakage", extra={"leaked": {"val": 0, "test": 0},
                                            "threshold": leakage.threshold if leakage else None})
         check = LeakageCheck(leakage, leak) if leakage is not None else None
-        near = steps[-1] if near_dedup is not None else None
         if check is not None and near is not None and near.signatures is not None \
                 and leakage.minhash == near_dedup.minhash:
             check.adopt(*near.take_signatures(), {k: np.frombuffer(v, dtype=np.int64) for k, v in cluster_ids.items()})
@@ -188,8 +177,8 @@ def prepare(
     else:
         rejected_path.unlink(missing_ok=True)  # a stale file from an earlier run would mislead
 
-    dedup_in = steps[len(steps) - (2 if near_dedup is not None else 1)].stats.n_in
-    dedup_dropped = sum(s.stats.dropped_total for s in steps if s.stats.name in ("exact_dedup", "near_dedup"))
+    dedup_in = exact.stats.n_in
+    dedup_dropped = sum(s.stats.dropped_total for s in (exact, near) if s is not None)
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "hash": combine_hashes({name: f["sha256"] for name, f in files_out.items()}),

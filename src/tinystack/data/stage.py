@@ -22,11 +22,10 @@ def stage_corpus(cfg: Config, out: Path) -> dict[str, Any]:
 
 def stage_data(cfg: Config, inputs: list[Path], out_dir: Path, progress: bool = True) -> dict[str, Any]:
     from tinystack.data import prepare
-    from tinystack.data.options import prepare_kwargs
     from tinystack.data.report import summary_table
 
     t0 = time.perf_counter()
-    manifest = prepare(inputs, out_dir, progress=progress, **prepare_kwargs(cfg.data))
+    manifest = prepare(inputs, out_dir, cfg.data, progress=progress)
     rate = manifest["records_in"] / max(time.perf_counter() - t0, 1e-9)  # not in the manifest: it stays deterministic
     console.print(summary_table({**manifest, "docs_per_s": rate}, f"data -> {out_dir}"))
     splits = manifest["splits"]

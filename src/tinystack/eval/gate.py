@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tinystack.atomic import read_json
-from tinystack.config import EvalConfig
+from tinystack.config import EvalConfig, InferConfig
 from tinystack.eval.case_sets import build_cases
 from tinystack.eval.offline import read_splits, window_metrics
 from tinystack.eval.regression import Case, compare, compare_metrics, run_cases
@@ -21,9 +21,9 @@ def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) of a model directory, loaded as inference loads them, so evaluation
     tokenizes exactly as inference does. In float32, not dtype="auto": the gate scores the trained weights
     themselves, the same on every machine (auto's format is a per-machine speed choice)."""
-    from tinystack.infer.llm import load_for_inference
+    from tinystack.infer.loading import load_for_inference
 
-    return load_for_inference(model_dir, device=device, dtype="float32")
+    return load_for_inference(model_dir, InferConfig(weight_format="float32"), device)
 
 
 def build_heldout_cases(model_dir: Path, data_dir: Path, n_cases: int) -> list[Case]:

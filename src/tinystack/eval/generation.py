@@ -28,7 +28,7 @@ def complete(model: GPT, tokenizer: Any, prompts: Sequence[str | list[int]], par
 
     if not prompts:
         return []
-    llm = LLM(model.to(device), tokenizer, max_num_seqs=len(prompts), verbose=False)
+    llm = LLM(model.to(device), tokenizer, max_num_seqs=len(prompts))
     return [(o.text, list(o.token_ids)) for o in llm.generate(list(prompts), params)]
 
 

@@ -1,7 +1,7 @@
 """The one place evaluation asks the data layer "does a near duplicate of this text sit in train?".
 
 Near duplicates are judged by the data layer's MinHash-LSH index
-(`tinystack.data.neardup.NearDupIndex`): LSH candidates, then the Jaccard
+(`tinystack.data.dedup.index.NearDupIndex`): LSH candidates, then the Jaccard
 similarity of the two texts' character-shingle sets, verified exactly near the
 threshold. Evaluation never computes a similarity of its own; if the index API
 changes, only this file changes.

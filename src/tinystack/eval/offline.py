@@ -1,13 +1,13 @@
 """Offline evaluation of a model directory on the data splits: the content of eval.json.
 
-    model_dir + tok_dir/{val,test}.bin  -> fixed windows -> loss, perplexity, bits/byte, accuracy
+    model_dir + tok_dir/{val,test}.bin  -> fixed windows -> loss, perplexity, bits/byte, accuracy (scoring.py)
     model_dir + data_dir/{val,test}.jsonl (up to max_docs records each, evenly spaced)
         -> per-document scores (scoring.py) -> total / by_source / by_length (slices.py)
         -> worst cases, source blame, leakage vs data_dir/train.jsonl (attribution.py, neardup.py)
         -> findings: the worst slices in words
 
-Per split the top-level metrics are the window ones (what training reports as val
-loss, and what the model's lineage records); the per-document ones live under
+Per split the top-level metrics are the window ones (scoring.score_tokens: what training reports as its
+final val loss, and what the model's lineage records); the per-document ones live under
 "docs". Without a token directory the window metrics are computed from the JSONL
 encoded in memory exactly as the token files would be.
 """
@@ -21,9 +21,8 @@ import numpy as np
 
 from tinystack.config import EvalConfig
 from tinystack.eval.attribution import findings, leakage, source_blame, worst_cases
-from tinystack.eval.metrics import context_len, evaluate_tokens
 from tinystack.eval.neardup import find_near_duplicates
-from tinystack.eval.scoring import document_ids, score_documents
+from tinystack.eval.scoring import context_len, document_ids, score_documents, score_tokens
 from tinystack.eval.slices import split_report
 
 SPLITS = ("val", "test")
@@ -71,9 +70,8 @@ def window_metrics(model: Any, tokenizer: Any, cfg: EvalConfig, *,
         if len(tokens) <= context_len(model):
             results[split] = {"skipped": f"only {len(tokens)} tokens"}
             continue
-        results[split] = evaluate_tokens(model, tokens, nbytes, max_windows=cfg.max_windows,
-                                          batch_size=cfg.batch_size, device=device, progress=progress,
-                                          label=f"eval {split} windows")
+        results[split] = score_tokens(model, tokens, nbytes, max_windows=cfg.max_windows, batch_size=cfg.batch_size,
+                                      device=device, progress=progress, label=f"eval {split} windows").to_dict()
     return results
 
 

@@ -2,7 +2,8 @@
 
     LLM(model_dir) / AsyncEngine.from_dir(model_dir)          llm.py, async_engine.py
       load: model.io (ours, HF GPT-2, HF Llama family) + tokenizer.json (tinystack.tokenizer.load_tokenizer),
-            optional INT8 weights (quant.py); backend "numpy" drives nn.gpt (numpy_backend.py)
+            weights kept quantised (quant/: bf16 | q8_0 | q4_0 | q4_1, dtype "auto" picks one per machine);
+            backend "numpy" drives nn.gpt (numpy_backend.py)
       LLMEngine (llm_engine.py): the memory budget (memory.py) sizes the KV storage; weights and
         KV storage go into 2 MiB pages, the output head column-major (weight_arena.py); a thread
         faults in the KV storage's first pages (paged_cache.py; wait_for_kv_pages waits for it)
@@ -10,6 +11,8 @@
         step: Scheduler (scheduler.py: continuous batching, chunked prefill, preemption)
               or DynamicBatcher (batcher.py)      picks [(seq, n tokens)] within the budgets
               BlockManager (block_manager.py)      blocks, refcounts, prefix cache, LRU eviction
+              Speculator (speculative.py)          optional draft tokens (prompt lookup or draft_model.py),
+                                                   verified in the same forward, rolled back when rejected
               ModelRunner (model_runner.py)        ragged batch -> model over BatchView (paged_cache.py);
                                                    short steps -> FusedStep (fused_step.py: every
                                                    Llama layer in one C++ call, kernels/quant/fused_step.cpp)
@@ -26,7 +29,7 @@ _EXPORTS = {
     "AsyncEngine": "tinystack.infer.async_engine",
     "RequestStream": "tinystack.infer.async_engine",
     "LLM": "tinystack.infer.llm",
-    "load_for_inference": "tinystack.infer.llm",
+    "load_for_inference": "tinystack.infer.loading",
     "LLMEngine": "tinystack.infer.llm_engine",
     "PromptError": "tinystack.infer.llm_engine",
     "PromptTooLongError": "tinystack.infer.llm_engine",

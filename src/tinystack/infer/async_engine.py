@@ -21,7 +21,9 @@ import time
 from collections import deque
 from typing import AsyncIterator
 
+from tinystack.config import InferConfig
 from tinystack.infer.llm_engine import LLMEngine
+from tinystack.infer.loading import load_for_inference
 from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.infer.sampler import SamplingParams
 
@@ -69,12 +71,10 @@ class AsyncEngine:
         self._thread.start()
 
     @classmethod
-    def from_dir(cls, model_dir, *, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
-                 quantize: str | None = None, **engine_kwargs) -> AsyncEngine:
-        from tinystack.infer.llm import load_for_inference
-
-        model, tok = load_for_inference(model_dir, backend, device, dtype, quantize)
-        return cls(LLMEngine(model, tok, **engine_kwargs))
+    def from_dir(cls, model_dir, config: InferConfig | None = None, device: str = "cpu") -> AsyncEngine:
+        """The engine for a model directory, loaded and built from [infer] (`config`, whole)."""
+        model, tok = load_for_inference(model_dir, config, device)
+        return cls(LLMEngine(model, tok, config))
 
     # -- caller side (event loop) --
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:

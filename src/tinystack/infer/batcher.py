@@ -17,7 +17,7 @@ from tinystack.infer.sequence import Sequence
 
 
 class DynamicBatcher(Scheduler):
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_wait: float = 0.05):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_wait: float):
         super().__init__(block_manager, max_num_seqs=max_num_seqs, max_num_batched_tokens=10**9)
         self.max_wait = max_wait
 

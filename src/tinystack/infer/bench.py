@@ -14,12 +14,14 @@ reports a speed-up.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tinystack.config import InferConfig
 from tinystack.infer.llm_engine import LLMEngine
 from tinystack.infer.sampler import SamplingParams
 
@@ -68,10 +70,10 @@ def kv_cache_speedup(model: torch.nn.Module | str | Path, *, prompt_tokens: int 
         raise ValueError(f"prompt_tokens + new_tokens = {prompt_tokens + new_tokens} exceeds the model's "
                          f"context of {cfg.max_seq_len} (and prompt_tokens must be >= 1)")
     prompt = torch.randint(cfg.vocab_size, (prompt_tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
-    kw = dict(max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 1), verbose=False)
+    config = InferConfig(max_num_seqs=1, max_num_batched_tokens=max(prompt_tokens, 1))
     # the tokenizer is never used: prompts are ids, greedy ignores EOS, no text is streamed
-    cached = LLMEngine(model, _NoText(), kv_cache="contiguous", **kw)
-    recompute = LLMEngine(Recompute(model), _NoText(), **kw)
+    cached = LLMEngine(model, _NoText(), dataclasses.replace(config, kv_cache="contiguous"))
+    recompute = LLMEngine(Recompute(model), _NoText(), config)
     for engine in (cached, recompute):  # warm-up: first-call allocations are not what we measure
         _run(engine, prompt[:8], 2)
     (kv_ids, kv_s), (re_ids, re_s) = _run(cached, prompt, new_tokens), _run(recompute, prompt, new_tokens)

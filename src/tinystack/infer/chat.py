@@ -27,27 +27,11 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from tinystack.model.io import load_chat_template
+
 
 class ChatTemplateError(ValueError):
     """The conversation cannot be rendered into a prompt."""
-
-
-def load_chat_template(model_dir: str | Path | None) -> str | None:
-    """`model_dir/chat_template.jinja` (where transformers >= 4.49 saves it), else the `chat_template` of
-    `model_dir/tokenizer_config.json` (the "default" one if it is a list), else None."""
-    if model_dir is None:
-        return None
-    jinja = Path(model_dir) / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8") or None
-    path = Path(model_dir) / "tokenizer_config.json"
-    if not path.is_file():
-        return None
-    template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
-    if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default") or next(iter(named.values()), None)
-    return template if isinstance(template, str) and template else None
 
 
 def _raise(message: str) -> None:

@@ -7,6 +7,7 @@ generation_config.json values where it sets them (as the server does), else CLI_
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -52,7 +53,8 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
         from_model = {k: v for k, v in sampling_defaults(model).items() if k not in given}
     except ValueError as e:
         raise UserError(str(e)) from None
-    m, tok = load_for_inference(model, device=cfg.run.device, **cfg.infer.load_kwargs())
+    infer = dataclasses.replace(cfg.infer, max_num_seqs=1)  # one prompt: the budget plans for one sequence
+    m, tok = load_for_inference(model, infer, cfg.run.device)
     request: str | list[int] = prompt or ""
     if chat is not None:  # the same rendering and tokenisation as /v1/chat/completions and fine-tuning
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": chat}]
@@ -60,8 +62,9 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
             request = encode_chat(tok, chat_formatter(model, tok).render(messages))
         except ChatTemplateError as e:
             raise UserError(f"--chat: {e}") from None
-    kwargs = {**cfg.infer.engine_kwargs(), "max_num_seqs": 1}  # one prompt: the budget plans for one sequence
-    engine = LLMEngine(m, tok, **kwargs, stream_text=True)  # the budget line goes to stderr
+    engine = LLMEngine(m, tok, infer)
+    engine.stream_text = True
+    typer.echo(engine.describe(), err=True)  # stderr: stdout is the generated text
     if from_model:
         typer.echo(f"sampling from the model's {FILE}: "
                    + ", ".join(f"{k}={v}" for k, v in from_model.items()), err=True)

@@ -14,17 +14,28 @@ as the target's; a row that finds no room drafts fewer tokens (never a wrong one
 """
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tinystack.infer.block_manager import BlockManager
+from tinystack.infer.loading import load_for_inference
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.sampler import is_greedy, sampling_probs
 from tinystack.infer.sequence import Sequence
-from tinystack.infer.speculative import Draft
+from tinystack.tokenizer import load_tokenizer
+
+
+@dataclass
+class Draft:
+    """Proposed tokens for one row; `q` [d, V] is the draft model's distribution for each (sampled rows
+    of a draft model), None for a point mass (prompt lookup, or greedy)."""
+
+    tokens: list[int]
+    q: torch.Tensor | None = None
+
 
 BLOCK_SIZE = 16
 _PROBE = "Speculative decoding checks drafts: def f(x):\n    return x * 2  # ünïcödé 123"
@@ -43,9 +54,6 @@ def load_draft(draft_model: str | Path | torch.nn.Module, target: torch.nn.Modul
     (checked before any weight is loaded) and vocabulary are the target's."""
     name = str(draft_model) if isinstance(draft_model, (str, Path)) else type(draft_model).__name__
     if isinstance(draft_model, (str, Path)):
-        from tinystack.infer.llm import load_for_inference
-        from tinystack.tokenizer import load_tokenizer
-
         if not Path(draft_model).is_dir():
             raise ValueError(f"draft_model {name}: not a model directory")
         draft_tokenizer = load_tokenizer(draft_model)
@@ -53,7 +61,7 @@ def load_draft(draft_model: str | Path | torch.nn.Module, target: torch.nn.Modul
         raise ValueError(f"draft model {name}: its tokenizer is not the target's "
                          "(speculative decoding needs the same tokenizer)")
     if isinstance(draft_model, (str, Path)):
-        draft_model, _ = load_for_inference(draft_model, device=str(device), tokenizer=draft_tokenizer)
+        draft_model, _ = load_for_inference(draft_model, device=str(device), tokenizer=draft_tokenizer)  # auto
     if draft_model.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"draft model {name} has a vocabulary of {draft_model.config.vocab_size} tokens, "
                          f"the target {target.config.vocab_size}: speculative decoding needs the same tokenizer")
@@ -64,7 +72,7 @@ class DraftModel:
     """Proposer for speculative.Speculator: up to k tokens per row from a small model, batched over rows."""
 
     def __init__(self, model: torch.nn.Module, k: int, num_token_slots: int, device: torch.device,
-                 hugepages: bool = True, verbose: bool = True):
+                 hugepages: bool):
         cfg = model.config
         param = next(model.parameters())
         dtype = param.dtype if param.is_floating_point() else torch.float32
@@ -75,9 +83,12 @@ class DraftModel:
         self.runner = ModelRunner(model, self.storage, device, hugepages)
         self.k, self.max_seq_len = k, cfg.max_seq_len
         self.shadows: dict[Sequence, Sequence] = {}
-        if verbose:
-            print(f"draft model: {cfg.n_layer} layers, KV cache {self.storage.nbytes / 2**20:.1f} MiB "
-                  f"({num_blocks} blocks of {BLOCK_SIZE} tokens, outside the memory budget)", file=sys.stderr)
+
+    def describe(self) -> str:
+        """One line for the engine's start-up report (LLMEngine.describe)."""
+        return (f"draft model: {self.runner.model.config.n_layer} layers, KV cache "
+                f"{self.storage.nbytes / 2**20:.1f} MiB ({self.bm.num_blocks} blocks of {BLOCK_SIZE} tokens, "
+                f"outside the memory budget)")
 
     def _sync(self, seq: Sequence) -> Sequence:
         shadow = self.shadows.get(seq)

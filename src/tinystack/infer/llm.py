@@ -1,14 +1,13 @@
 """`LLM`: the offline, vLLM-shaped entry point.
 
-    llm = LLM("runs/x/model", kv_cache="paged", max_num_seqs=64)
+    llm = LLM("runs/x/model", kv_cache="paged", max_num_seqs=64)      # keywords: [infer] keys (InferConfig)
     outs = llm.generate(["prompt a", "prompt b"], SamplingParams(temperature=0, max_tokens=32))
     outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].logprobs, outs[0].metrics
 
-It loads the model directory (model.io: ours, HF GPT-2, HF Llama family) and its
-tokenizer (tinystack.tokenizer.load_tokenizer), keeps the linear layers' weights in the format `dtype="auto"`
-measures fastest here, or the one `quantize` names (infer.quant), builds an LLMEngine and
-drives it until every prompt is done. `params` may be one SamplingParams for all prompts or a
-list, one per prompt.
+It loads the model directory (model.io: ours, HF GPT-2, HF Llama family) and its tokenizer
+(tinystack.tokenizer.load_tokenizer), keeps the weights in [infer] weight_format (`auto`: the format
+measured fastest here, infer.quant), builds an LLMEngine from the same InferConfig and drives it until
+every prompt is done. `params` may be one SamplingParams for all prompts or a list, one per prompt.
 """
 from __future__ import annotations
 
@@ -17,64 +16,29 @@ from typing import Sequence
 
 import torch
 
+from tinystack.config import InferConfig
 from tinystack.infer.generation_config import sampling_defaults
 from tinystack.infer.llm_engine import LLMEngine
+from tinystack.infer.loading import load_for_inference
 from tinystack.infer.outputs import RequestOutput
 from tinystack.infer.sampler import SamplingParams
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZE = ("bf16", "q8_0", "q4_0", "q4_1")  # infer.quant.formats; "int8" names q8_0
-
-
-def load_for_inference(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "auto",
-                       quantize: str | None = None, tokenizer: bool | object = True) -> tuple[torch.nn.Module, object]:
-    """(model, tokenizer or None) for a model directory, ready for the engine. `tokenizer`: True loads the
-    directory's, False loads none, a tokenizer object is used as given (also by dtype "auto" to score formats).
-
-    dtype "auto" (CPU, no `quantize`): the weight format measured fastest within the perplexity bounds on this
-    machine (infer.quant.auto, cached per model/CPU/torch); otherwise float32 activations with `quantize`'s
-    weights, or a plain `dtype` model."""
-    from tinystack.model.io import load_model
-    from tinystack.tokenizer import load_tokenizer
-
-    quantize = {"int8": "q8_0", "": None}.get(quantize, quantize)
-    if dtype != "auto" and dtype not in _DTYPES:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
-    if quantize is not None and quantize not in QUANTIZE:
-        raise ValueError(f"quantize must be one of {QUANTIZE} (or 'int8'), got {quantize!r}")
-    tok = (load_tokenizer(model_dir) if tokenizer else None) if isinstance(tokenizer, bool) else tokenizer
-    if backend == "numpy":
-        from tinystack.infer.numpy_backend import load_numpy_model
-
-        return load_numpy_model(model_dir), tok
-    if backend != "torch":
-        raise ValueError(f"backend must be 'torch' or 'numpy', got {backend!r}")
-    model = load_model(model_dir, device=device, dtype=_DTYPES.get(dtype, torch.float32))
-    if dtype == "auto" and quantize is None and torch.device(device).type == "cpu":
-        from tinystack.infer.quant.auto import choose_format
-
-        quantize = choose_format(model, model_dir, tok or load_tokenizer(model_dir)).quantize
-    if quantize is not None:
-        from tinystack.infer.quant.linear import quantize_model
-
-        quantize_model(model, quantize)
-    return model, tok
-
 
 class LLM:
-    def __init__(self, model: str | Path | torch.nn.Module, tokenizer=None, *, backend: str = "torch",
-                 device: str = "cpu", dtype: str = "auto", quantize: str | None = None, **engine_kwargs):
-        """`model` is a model directory (or an already built model, with `tokenizer`); engine_kwargs go to
-        LLMEngine: kv_cache, scheduler, block_size, max_num_seqs, max_num_batched_tokens, memory_limit, ..."""
+    def __init__(self, model: str | Path | torch.nn.Module, tokenizer=None, *, device: str = "cpu", draft=None,
+                 **config):
+        """`model` is a model directory (or an already built model, with `tokenizer`); `config` are [infer] keys
+        (InferConfig's fields: weight_format, kv_cache, max_num_seqs, memory_limit_mb, ...), as vLLM's LLM takes
+        its engine arguments; `draft` an injected draft model or proposer (speculative="draft")."""
+        config = InferConfig(**config)
         model_dir = model if isinstance(model, (str, Path)) else None
         self._model_sampling = sampling_defaults(model_dir)  # {} for a model object; a bad file: before loading
         if model_dir is not None:
-            model, tok = load_for_inference(model, backend, device, dtype, quantize,
-                                            tokenizer=True if tokenizer is None else tokenizer)
+            model, tok = load_for_inference(model, config, device, tokenizer=True if tokenizer is None else tokenizer)
             tokenizer = tokenizer or tok
         if tokenizer is None:
             raise ValueError("pass a tokenizer with a model object")
-        self.engine = LLMEngine(model, tokenizer, **engine_kwargs)
+        self.engine = LLMEngine(model, tokenizer, config, draft=draft)
         self.tokenizer = tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:

@@ -16,15 +16,14 @@ Not thread-safe: one thread drives it (LLM.generate, or AsyncEngine's engine thr
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import replace
 from itertools import accumulate
-from pathlib import Path
 from typing import Callable
 
 import torch
 
+from tinystack.config import InferConfig
 from tinystack.infer.batcher import DynamicBatcher
 from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.memory import MemoryBudget, plan_memory
@@ -47,52 +46,44 @@ class PromptTooLongError(PromptError):
 
 
 class LLMEngine:
-    def __init__(self, model: torch.nn.Module, tokenizer, *, kv_cache: str = "paged", scheduler: str = "continuous",
-                 block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
-                 memory_limit: int | None = None, memory_buffer: float = 0.2, cpu_memory_fraction: float = 0.25,
-                 num_kv_blocks: int | None = None,
-                 enable_prefix_caching: bool = True, max_wait: float = 0.05,
-                 stream_text: bool = False, hugepages: bool = True, verbose: bool = True,
-                 speculative: str = "off", num_speculative_tokens: int = 4,
-                 draft_model: str | Path | torch.nn.Module | None = None,
-                 prompt_lookup_min: int = 1, prompt_lookup_max: int = 3):
-        if kv_cache not in ("paged", "contiguous"):
-            raise ValueError(f"kv_cache must be 'paged' or 'contiguous', got {kv_cache!r}")
-        if scheduler not in ("continuous", "dynamic"):
-            raise ValueError(f"scheduler must be 'continuous' or 'dynamic', got {scheduler!r}")
+    def __init__(self, model: torch.nn.Module, tokenizer, config: InferConfig | None = None, *, draft=None):
+        """An engine over `model` with [infer]'s settings (`config`, the section whole; defaults when None).
+        `draft`: an injected speculative proposer or draft model (speculative="draft"), instead of loading
+        config.draft_model. Nothing is printed: describe() says what was set up."""
+        config = config or InferConfig()  # its values were checked when it was built (config.Section)
+        self.config = config
         self.model, self.tokenizer = model.eval(), tokenizer
         cfg = model.config
         self.max_seq_len = cfg.max_seq_len
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype if param.is_floating_point() else torch.float32
-        if kv_cache == "contiguous":  # one block per sequence, preallocated to the whole context
-            block_size, enable_prefix_caching = self.max_seq_len, False
-        self.budget: MemoryBudget = plan_memory(
-            model, device=self.device, dtype=self.dtype, block_size=block_size, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, memory_limit=memory_limit, buffer=memory_buffer,
-            cpu_fraction=cpu_memory_fraction, max_blocks=num_kv_blocks)
-        if verbose:  # on stderr: stdout may be a stream of generated text
-            print(self.budget.describe(), file=sys.stderr, flush=True)
+        block_size, prefix_caching = config.kv_block_size, config.enable_prefix_caching
+        if config.kv_cache == "contiguous":  # one block per sequence, preallocated to the whole context
+            block_size, prefix_caching = self.max_seq_len, False
+        self.budget: MemoryBudget = plan_memory(model, config, device=self.device, dtype=self.dtype,
+                                                block_size=block_size)
         self.storage = KVStorage(cfg.n_layer, self.budget.num_blocks, block_size, cfg.n_kv_head, cfg.head_dim,
-                                 self.dtype, self.device, hugepages)
-        self.block_manager = BlockManager(self.budget.num_blocks, block_size, enable_prefix_caching)
-        self.scheduler: Scheduler = (DynamicBatcher(self.block_manager, max_num_seqs, max_wait)
-                                     if scheduler == "dynamic"
-                                     else Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens))
-        self.runner = ModelRunner(model, self.storage, self.device, hugepages)
-        if verbose and self.runner.arena is not None:
-            print(self.runner.arena, file=sys.stderr, flush=True)
-        self.speculator = build_speculator(
-            speculative, k=num_speculative_tokens, block_manager=self.block_manager,
-            max_num_batched_tokens=max_num_batched_tokens, prompt_lookup_min=prompt_lookup_min,
-            prompt_lookup_max=prompt_lookup_max, draft_model=draft_model, target=self.model, tokenizer=tokenizer,
-            token_slots=self.budget.num_blocks * block_size, hugepages=hugepages, verbose=verbose)
-        self.stream_text = stream_text
-        self.kv_cache, self.scheduler_kind = kv_cache, scheduler
+                                 self.dtype, self.device, config.hugepages)
+        self.block_manager = BlockManager(self.budget.num_blocks, block_size, prefix_caching)
+        self.scheduler: Scheduler = (
+            DynamicBatcher(self.block_manager, config.max_num_seqs, config.max_wait_s)
+            if config.scheduler == "dynamic"
+            else Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens))
+        self.runner = ModelRunner(model, self.storage, self.device, config.hugepages)
+        self.speculator = build_speculator(config, block_manager=self.block_manager, draft=draft, target=self.model,
+                                           tokenizer=tokenizer, token_slots=self.budget.num_blocks * block_size)
+        self.stream_text = False  # True: step() decodes each delta's text as it goes (AsyncEngine, generate)
         self._seqs: dict[str, Sequence] = {}
         self._counter = 0
         self.counters = EngineCounters()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+
+    def describe(self) -> str:
+        """What start-up set up, a line each: the memory budget, the weight arena, the draft model's cache.
+        Callers that report it (serve, generate) print it on stderr: stdout may be generated text."""
+        draft = getattr(self.speculator, "proposer", None)
+        parts = [self.budget.describe(), self.runner.arena, getattr(draft, "describe", lambda: None)()]
+        return "\n".join(str(p) for p in parts if p is not None)
 
     def wait_for_kv_pages(self) -> None:
         """Block until the KV storages' first pages are faulted in (paged_cache.KVStorage.prefault, a thread that

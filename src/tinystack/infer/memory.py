@@ -3,8 +3,8 @@
     kv_blocks = (memory_limit * (1 - buffer) - weight_bytes - overhead) / bytes_per_block
     bytes_per_block = 2 (K, V) * n_layer * block_size * n_kv_head * head_dim * dtype bytes
 
-`memory_limit` defaults to the GPU's free memory on CUDA and to `cpu_fraction` of the
-available RAM on CPU. `overhead` estimates the activations of the largest step (a
+`memory_limit` is [infer] memory_limit_mb, or by default the GPU's free memory on CUDA and
+cpu_memory_fraction of the available RAM on CPU. `overhead` estimates the activations of the largest step (a
 prefill chunk of max_num_batched_tokens: hidden states, MLP, attention scores) plus
 the logits. Blocks are capped at what max_num_seqs full-length sequences can use.
 """
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from tinystack.config import InferConfig
 from tinystack.infer.paged_cache import KVStorage
 
 
@@ -65,12 +66,14 @@ class MemoryBudget:
                 f"({self.num_blocks * self.block_size} tokens, memory limit {self.memory_limit / 2**20:,.1f} MiB)")
 
 
-def plan_memory(model: torch.nn.Module, *, device: torch.device, dtype: torch.dtype, block_size: int,
-                max_num_seqs: int, max_num_batched_tokens: int, memory_limit: int | None = None,
-                buffer: float = 0.2, cpu_fraction: float = 0.25, max_blocks: int | None = None) -> MemoryBudget:
-    """The budget for this model and these limits; `max_blocks` caps the block count (tests, benchmarks)."""
+def plan_memory(model: torch.nn.Module, config: InferConfig, *, device: torch.device, dtype: torch.dtype,
+                block_size: int) -> MemoryBudget:
+    """The budget for this model under [infer]'s limits (memory_limit_mb, memory_buffer, cpu_memory_fraction,
+    max_num_seqs, max_num_batched_tokens; num_kv_blocks caps the block count) with KV blocks of `block_size`
+    tokens (the engine's: kv_block_size, or the whole context for a contiguous cache)."""
     cfg = model.config
-    limit = int(memory_limit) if memory_limit else available_memory(device, cpu_fraction)
+    buffer, max_num_batched_tokens = config.memory_buffer, config.max_num_batched_tokens
+    limit = config.memory_limit_mb * 2**20 or available_memory(device, config.cpu_memory_fraction)
     weights = getattr(model, "weight_bytes", None)
     if weights is None:  # tied parameters counted once; int8 weights live in buffers
         weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
@@ -81,11 +84,11 @@ def plan_memory(model: torch.nn.Module, *, device: torch.device, dtype: torch.dt
     elt = torch.empty((), dtype=dtype).element_size()
     overhead = (max_num_batched_tokens * (8 * hidden + 3 * inter) * elt  # hidden states, MLP activations
                 + max_num_batched_tokens * cfg.max_seq_len * n_head * 4  # one layer's attention scores (fp32)
-                + max_num_seqs * cfg.vocab_size * 4)  # logits
+                + config.max_num_seqs * cfg.vocab_size * 4)  # logits
     per_block = KVStorage.bytes_per_block(cfg.n_layer, block_size, cfg.n_kv_head, cfg.head_dim, dtype)
     usable = limit * (1 - buffer) - weights - overhead
     blocks_per_seq = -(-cfg.max_seq_len // block_size)
-    num_blocks = min(int(usable // per_block), max_num_seqs * blocks_per_seq, max_blocks or 2**62)
+    num_blocks = min(int(usable // per_block), config.max_num_seqs * blocks_per_seq, config.num_kv_blocks or 2**62)
     if num_blocks < 1:
         raise AdmissionError(f"no room for a single KV block: limit {limit / 2**20:,.1f} MiB x (1 - {buffer:g}) - "
                              f"weights {weights / 2**20:,.1f} MiB - overhead {overhead / 2**20:,.1f} MiB < "

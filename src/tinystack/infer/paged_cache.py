@@ -24,9 +24,9 @@ decodes costs 463 token-rows in every linear layer, not 64 x 400.
           from just that row's blocks; its n_r queries attend causally within the chunk.
 Why batch the decodes: a step of R decodes costs 2 layers x R SDPA calls and reads otherwise, and
 for a thin model (SmolLM2: 30 layers) that per-call overhead, not the bytes, dominated. The
-gather copies each row's keys once per layer (padding included), which the per-row views did not: on a
-loaded 2-core Xeon (1 thread, SmolLM2 q8_0, 16 rows at contexts 40-400, interleaved A/B) a step cost
-12-22 % more CPU batched than per row, whose consecutive blocks are read in place. To re-measure.
+gather copies each row's keys once per layer (padding included), which the per-row views did not: in an A/B
+probe (SmolLM2 q8_0, 16 rows at contexts 40-400) a batched step cost more CPU than per-row views, whose
+consecutive blocks are read in place; the fused step (fused_step.py) reads in place too. To re-measure.
 """
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ class BatchView:
     def _attend_decodes(self, q: torch.Tensor, kl: torch.Tensor, vl: torch.Tensor, gqa: bool) -> torch.Tensor:
         """q [D, nh, 1, hd] of the decode rows -> [D, nh, 1, hd]: softmax(q K^T / sqrt(hd) + mask) V over their
         padded histories as two batched matmuls, batch = (kv head, row), each kv head serving its group of
-        query heads in place (no repeated K/V; SDPA's CPU kernel ran ~4x slower on one-query rows)."""
+        query heads in place (no repeated K/V; SDPA's CPU kernel ran slower on one-query rows)."""
         D, nh, _, hd = q.shape
         nkv = kl.size(0)
         S = self.decode_shape[1]

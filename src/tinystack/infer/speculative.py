@@ -28,25 +28,14 @@ a row whose proposer finds nothing, decodes one token as usual in the same step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
+from tinystack.config import InferConfig
 from tinystack.infer.block_manager import BlockManager
+from tinystack.infer.draft_model import Draft, DraftModel, load_draft
 from tinystack.infer.sampler import has_penalties, is_greedy, logprob_info, sampling_probs
 from tinystack.infer.sequence import Sequence
-
-MODES = ("off", "prompt_lookup", "draft")
-
-
-@dataclass
-class Draft:
-    """Proposed tokens for one row; `q` [d, V] is the draft model's distribution for each (sampled rows
-    of a draft model), None for a point mass (prompt lookup, or greedy)."""
-
-    tokens: list[int]
-    q: torch.Tensor | None = None
 
 
 def lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -160,28 +149,25 @@ def _rejection_sample(p: torch.Tensor, draft: Draft, generator: torch.Generator 
     return draft.tokens + [int(torch.multinomial(p[-1], 1, generator=generator))]
 
 
-def build_speculator(mode: str, *, k: int, block_manager: BlockManager, max_num_batched_tokens: int,
-                     prompt_lookup_min: int = 1, prompt_lookup_max: int = 3, draft=None, draft_model=None,
-                     target: torch.nn.Module | None = None, tokenizer=None, token_slots: int = 0,
-                     hugepages: bool = True, verbose: bool = True) -> Speculator | None:
-    """The engine's speculator for `mode` ("off" -> None). For "draft": a ready draft_model.DraftModel as
-    `draft`, or `draft_model` (a directory or model) loaded and checked against `target` and `tokenizer`,
-    with a cache of `token_slots` tokens."""
-    if mode not in MODES:
-        raise ValueError(f"speculative must be one of {MODES}, got {mode!r}")
+def build_speculator(config: InferConfig, *, block_manager: BlockManager, draft=None,
+                     target: torch.nn.Module | None = None, tokenizer=None, token_slots: int = 0) -> Speculator | None:
+    """The engine's speculator for [infer] speculative ("off" -> None), num_speculative_tokens (k),
+    prompt_lookup_min/max and draft_model. For "draft": a ready proposer (draft_model.DraftModel, or any
+    object with its methods) as `draft`, or config.draft_model (a directory) loaded and checked against
+    `target` and `tokenizer`, with a cache of `token_slots` tokens."""
+    mode, k, max_num_batched_tokens = config.speculative, config.num_speculative_tokens, config.max_num_batched_tokens
     if mode == "off":
         return None
     if target is not None and getattr(target, "needs_full_sequence", False):
         raise ValueError("speculative decoding needs the torch backend (the numpy one has no KV cache)")
     if mode == "prompt_lookup":
-        return Speculator(PromptLookup(k, prompt_lookup_min, prompt_lookup_max), k, block_manager,
+        return Speculator(PromptLookup(k, config.prompt_lookup_min, config.prompt_lookup_max), k, block_manager,
                           max_num_batched_tokens)
-    if draft is None:
-        if draft_model is None or draft_model == "":
+    if draft is None or isinstance(draft, torch.nn.Module):  # a proposer is used as given; a model is wrapped
+        source = config.draft_model if draft is None else draft
+        if not source:
             raise ValueError("speculative='draft' needs draft_model (a model directory)")
-        from tinystack.infer.draft_model import DraftModel, load_draft
-
         device = next(target.parameters()).device
-        model = load_draft(draft_model, target, tokenizer, device)
-        draft = DraftModel(model, k, token_slots, device, hugepages, verbose)
+        model = load_draft(source, target, tokenizer, device)
+        draft = DraftModel(model, k, token_slots, device, config.hugepages)
     return Speculator(draft, k, block_manager, max_num_batched_tokens)

@@ -153,7 +153,7 @@ static inline void steps(const Operand& o, const bf16* a, const bf16* b, int64_t
 // Bytes of packed weight a group of column panels may take: the group stays in L2 while every row block of the
 // chunk passes it (half of L2, as the OS reports it; 1 MiB where it does not). Panel by panel, each panel met
 // every row block with its weight gone from L1 and its output rows' pages from the TLB: in a training step
-// (not in a benchmark loop) that made the products 2-3x slower.
+// (not in a benchmark loop) that made the products several times slower.
 static int64_t group_bytes() {
   static const int64_t bytes = [] {
     const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-NOTICE_AFTER_S = 2.0  # a cached library loads in well under a second; a compile takes 20-40 s
+NOTICE_AFTER_S = 2.0  # a cached library loads in well under this; a compile takes far longer
 
 
 def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cflags: Sequence[str] = (),

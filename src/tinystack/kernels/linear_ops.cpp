@@ -7,7 +7,7 @@
 //        measures it and passes `parts`.
 //
 // A step of SmolLM2 runs 120 adapted products; written as PyTorch calls from Python each was ~20 small ops (slices,
-// casts, thin products) plus the autograd Function's Python, ~0.5 ms of overhead per product and direction.
+// casts, thin products) plus the autograd Function's Python: overhead per product and direction.
 // Here the same products run from C++.
 //
 //   lora_fwd(x [N, in], w [out, in], sb [out, P r], bias (or None), a [P r, in], parts)

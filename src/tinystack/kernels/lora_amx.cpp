@@ -3,7 +3,7 @@
 //
 // Through library calls a LoRA layer's six thin products (x A^T, y += xa (s B)^T, g (s B), grad_x += g_xa A,
 // g_xa^T x, g^T xa) each read an activation from memory again: that traffic, not their arithmetic, is what they
-// cost (BENCHMARKS.md). Here each thread takes its rows (a chunk) and runs every product of the chunk while the
+// cost. Here each thread takes its rows (a chunk) and runs every product of the chunk while the
 // chunk's rows are in its cache:
 //
 //   forward:  xa = x A^T;  y = [x | xa] [W | s B]^T           (the rank update as 32 more columns of K)

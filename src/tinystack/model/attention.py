@@ -37,7 +37,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: i
                 return fused_attention.attention(q, k, v)
         # otherwise attention in float32 (q, k, v may come in float32 already: model.fused_ops). The
         # projections around it keep autocast's bf16 matmuls, but torch's CPU flash-attention backward
-        # in bf16 ran ~9x slower than in float32 (T=64, head 32, profiled on a Xeon with AMX), and
+        # in bf16 ran several times slower than in float32 (profiled on the Xeons with AMX we have), and
         # softmax/exp are where bf16 loses accuracy.
         with torch.autocast("cpu", enabled=False):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,

@@ -68,7 +68,7 @@ class LanguageModel(Protocol):
                 apply_head: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx [B, T] token ids -> (logits [B, T, vocab_size], mean cross-entropy against `targets` or None).
 
-        targets [B, T]: next-token ids, -1 where nothing is predicted.
+        targets [B, T]: next-token ids, -100 where nothing is predicted (the one ignore index).
         kv_cache: the engine's BatchView; every layer calls kv_cache.attend(layer, q, k, v), which stores this
             step's keys/values and attends each query over its own sequence's history.
         positions [B, T]: where each token sits (default 0..T-1); a cached step feeds only its new tokens.

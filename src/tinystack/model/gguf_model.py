@@ -83,8 +83,9 @@ def open_reader(path: Path):
     """gguf.GGUFReader over `path` (memory-mapped), with a one-line error for a bad file.
 
     The reader slices its memory map once per metadata value, ~1 M times for a 49k-word vocabulary and its
-    merges, and each slice of numpy's memmap subclass runs Python hooks (__array_finalize__, __getitem__): 2-3x
-    the whole parse. So the reader is given a plain ndarray view of the same mapping (no copy; read-only)."""
+    merges, and each slice of numpy's memmap subclass runs Python hooks (__array_finalize__, __getitem__): those
+    hooks were most of the open (BENCHMARKS.md, Model import). So the reader is given a plain ndarray view of the
+    same mapping (no copy; read-only)."""
     from gguf import GGUFReader  # imported here: a few hundred ms, paid only by GGUF imports
 
     class PlainViewReader(GGUFReader):

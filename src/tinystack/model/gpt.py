@@ -91,7 +91,7 @@ def head_and_loss(x: torch.Tensor, norm: nn.Module, head: nn.Module, targets: to
     logits = head(x)
     loss = None
     if targets is not None:
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
     return logits, loss
 
 
@@ -150,7 +150,7 @@ class GPT(nn.Module):
         (a prefill needs the last token's logits only; the head is the biggest matmul);
         a bool [B, T] mask instead: logits only where it is True, [K, 1, V] in row-major order
         (training: only the positions with a target, e.g. a chat's assistant tokens).
-        `targets` uses -1 for positions to ignore. Raises ValueError if the positions
+        `targets` uses -100 for positions to ignore. Raises ValueError if the positions
         run past `block_size` (there is no position embedding for them).
         `apply_head=False` returns the head's input (the final norm's output [.., C]) in place of the logits,
         for a loss that applies a frozen head itself (train/frozen_head.py); `targets` is then not allowed.

@@ -38,6 +38,7 @@ from tinystack.model.io import (
     check_tensor_shapes,
     empty_model,
     llama_hf_config,
+    load_chat_template,
     load_model,
     save_model,
 )
@@ -141,7 +142,6 @@ def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
 def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
     from safetensors.torch import save_file
 
-    from tinystack.infer.chat import load_chat_template
     from tinystack.infer.generation_config import sampling_defaults
 
     if not (src / CONFIG_FILE).is_file():

@@ -16,6 +16,7 @@ fine-tuned Llama is an ordinary model directory. Every file is written atomicall
 """
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -217,7 +218,7 @@ _init_lock = threading.Lock()
 def _meta_init_skipped() -> Iterator[None]:
     """torch.nn.init's functions return meta tensors untouched (every other tensor is initialised as usual, so
     another thread building a real model meanwhile is unaffected). On meta they compute nothing anyway, but the
-    first meta normal_ of a process imports sympy (~2 s)."""
+    first meta normal_ of a process imports sympy (seconds of start-up)."""
     with _init_lock:
         saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
 
@@ -279,3 +280,21 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
 def read_lineage(model_dir: str | Path) -> dict[str, Any]:
     path = Path(model_dir) / LINEAGE_FILE
     return read_json(path) if path.is_file() else {}
+
+
+def load_chat_template(model_dir: str | Path | None) -> str | None:
+    """`model_dir/chat_template.jinja` (where transformers >= 4.49 saves it), else the `chat_template` of
+    `model_dir/tokenizer_config.json` (the "default" one if it is a list), else None."""
+    if model_dir is None:
+        return None
+    jinja = Path(model_dir) / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8") or None
+    path = Path(model_dir) / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    template = json.loads(path.read_text(encoding="utf-8")).get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) and template else None

@@ -116,13 +116,13 @@ class GPT(Module):
         tr.wpe.backward(np.broadcast_to(dx.sum(axis=0), dx.shape[1:]))  # positions are shared by the batch
 
     def loss_and_grads(self, idx: np.ndarray, targets: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
-        """zero_grad, forward, mean cross-entropy (targets -1 ignored, as torch), backward.
+        """zero_grad, forward, mean cross-entropy (IGNORE_INDEX targets skipped, as torch), backward.
         Returns (loss, {name: gradient}) - the module's own arrays, not copies."""
         self.zero_grad()
-        loss, dlogits = softmax_cross_entropy(self.forward(idx), targets, ignore_index=-1)
+        loss, dlogits = softmax_cross_entropy(self.forward(idx), targets)
         self.backward(dlogits)
         return loss, self.gradients()
 
     def loss(self, idx: np.ndarray, targets: np.ndarray) -> float:
         """Mean cross-entropy without touching the gradients (dropout follows the training flag)."""
-        return softmax_cross_entropy(self.forward(idx), targets, ignore_index=-1)[0]
+        return softmax_cross_entropy(self.forward(idx), targets)[0]

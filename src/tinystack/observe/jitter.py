@@ -41,7 +41,7 @@ class GcPauses:
         """Start timing collections; with `freeze`, freeze what is alive now (start-up, model loaded).
 
         Only the young generations are collected first: a full collection with torch
-        loaded takes ~0.3 s, and old garbage that gets frozen is at most a one-off
+        loaded is a long pause, and old garbage that gets frozen is at most a one-off
         leak until `uninstall` unfreezes it."""
         if freeze:
             gc.collect(1)

@@ -1,6 +1,6 @@
 """Everything observability knows about one HTTP request, filled in as it goes through the server.
 
-The serving layer creates one `RequestRecord` per request (serve/context.py extends it
+The serving layer creates one `RequestRecord` per request (serve/api/context.py extends it
 into the request's context), marks its timing points, adds log fields, and hands it
 to `Observer.finish` (observer.py) once the response is sent.
 """

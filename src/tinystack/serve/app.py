@@ -1,15 +1,15 @@
 """`create_app`: an AsyncEngine and a ServeConfig in, the FastAPI app out.
 
     RequestContextMiddleware   request id, timing, timing headers; hands each finished request to
-                               the app's Observer: metrics, log line, spans, cost (middleware.py)
-    BodyLimitMiddleware        413 for bodies over max_body_bytes, before they are read (body_limit.py)
-    error handlers             one OpenAI-shaped error body for every failure (errors.py)
-    routes                     /generate, /v1/*, /health, /ready, /metrics (routes.py)
+                               the app's Observer: metrics, log line, spans, cost (api/middleware.py)
+    BodyLimitMiddleware        413 for bodies over max_body_bytes, before they are read (guards/body_limit.py)
+    error handlers             one OpenAI-shaped error body for every failure (api/errors.py)
+    routes                     /generate, /v1/*, /health, /ready, /metrics (api/routes.py)
     lifespan                   builds the ServerState (engine adapter, gate, breaker, rate
                                limiter, API keys, chat template) and the watchdog when the
                                server starts, and starts the Observer (engine gauges, batch
                                sizes, GC pauses + gc.freeze, event-loop lag); stops them when
-                               it stops (state.py, watchdog.py, tinystack.observe.observer)
+                               it stops (state.py, engine/watchdog.py, tinystack.observe.observer)
 
 Everything bound to an event loop is created inside the server's loop, so the same
 app object can be served more than once (e.g. twice by `run_in_background`).
@@ -156,5 +156,5 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
     app.add_middleware(BodyLimitMiddleware, max_bytes=cfg.max_body_bytes)  # inside: its 413s are logged
     app.add_middleware(RequestContextMiddleware, observer=observer)
     app.include_router(router)
-    app.include_router(ui_router)  # GET / (playground), GET /dashboard (ui.py)
+    app.include_router(ui_router)  # GET / (playground), GET /dashboard (ui/pages.py)
     return app

@@ -141,7 +141,7 @@ def _bind(host: str, port: int) -> socket.socket:
     # proto=IPPROTO_TCP, not the default 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
     # connections whose socket says TCP, as a host:port server's do. With proto 0 and the plain asyncio
     # loop (uvicorn without uvloop), every streamed chunk after the first waited for the client's delayed
-    # ACK: a short stream arrived in one piece ~40 ms late (client TTFT ~ e2e in `bench serve --model`).
+    # ACK: a short stream arrived in one piece, one delayed ACK late (client TTFT ~ e2e in `bench serve --model`).
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

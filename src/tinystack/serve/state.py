@@ -1,12 +1,12 @@
 """Everything one running server shares between requests, built by the app's lifespan.
 
     ServerState
-      adapter      the engine behind its adapter (engine_adapter.py)
-      gate         admission: running + queued <= max_num_seqs + max_queued_requests (protect.py)
-      breaker      circuit breaker over engine failures (protect.py)
-      limiter      per-key token buckets (ratelimit.py)
-      keys         API key checker (auth.py)
-      chat         chat template (chat.py)
+      adapter      the engine behind its adapter (engine/adapter.py)
+      gate         admission: running + queued <= max_num_seqs + max_queued_requests (guards/protect.py)
+      breaker      circuit breaker over engine failures (guards/protect.py)
+      limiter      per-key token buckets (guards/ratelimit.py)
+      keys         API key checker (guards/auth.py)
+      chat         chat template (tinystack.infer.chat)
       draining     set on SIGTERM: /ready answers 503, the server finishes what it has
       refusing     set when the shutdown proper starts (after drain_delay_s): new generation
                    requests get 503 server_shutting_down while the in-flight ones finish

@@ -5,7 +5,7 @@ tokens (id == byte value) and returns up to `num_merges` pairs (a, b); the i-th
 pair creates token id 256 + i whose bytes are bytes(a) + bytes(b). Fewer are
 returned only when no mergeable pair is left in the corpus.
 
-The rule, which `tests/tokenizer/test_train.py` re-implements naively:
+The rule, which `tests/tokenizer/test_tok_train.py` re-implements naively:
   1. count every adjacent pair over all words, weighted by word frequency;
   2. merge the most frequent pair; ties go to the smallest (a, b) ids;
   3. a pair whose merged bytes already exist as a token is never merged (each

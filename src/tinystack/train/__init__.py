@@ -14,22 +14,20 @@
 Fine-tuning (`tinystack finetune`, finetune.py) runs the same loop (loop.train_model) on a pretrained
 model directory: conversations JSONL -> finetune_data (validate, quarantine, dedup, split by source)
 -> finetune_batches (chat-template tokens, loss on assistant tokens only, padded batches) ->
-all weights, or LoRA adapters (lora.py) merged on save -> an ordinary model directory + a held-out
-base-vs-fine-tuned comparison. Its linear layers run their products as matmul_plan.py measured fastest
-for each shape on this machine (planned_linear.py; linear_ops.cpp).
+all weights, or LoRA adapters (lora.py; on AMX CPUs their product fused, lora_amx.py) merged on save -> an
+ordinary model directory + a held-out base-vs-fine-tuned comparison. Its linear layers run their products as
+matmul_plan.py measured fastest for each shape on this machine (planned_linear.py; linear_ops.cpp).
 """
 from tinystack.lazy import lazy_exports
 
 _EXPORTS = {
     "BatchSampler": "tinystack.train.batches",
-    "eval_batches": "tinystack.train.batches",
     "get_batch": "tinystack.train.batches",
     "load_checkpoint": "tinystack.train.checkpoint",
     "save_checkpoint": "tinystack.train.checkpoint",
     "save_model_dir": "tinystack.train.checkpoint",
     "NonFiniteLossError": "tinystack.train.loop",
     "TrainResult": "tinystack.train.loop",
-    "estimate_loss": "tinystack.train.loss",
     "finetune": "tinystack.train.finetune",
     "inject_lora": "tinystack.train.lora",
     "merge_lora": "tinystack.train.lora",
@@ -39,6 +37,6 @@ _EXPORTS = {
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["BatchSampler", "NonFiniteLossError", "TrainResult", "estimate_loss", "eval_batches", "finetune",
+__all__ = ["BatchSampler", "NonFiniteLossError", "TrainResult", "finetune",
            "get_batch", "inject_lora", "load_checkpoint", "make_optimizer", "merge_lora", "save_checkpoint",
            "save_model_dir", "train", "train_model"]

@@ -4,7 +4,7 @@ A training step allocates and frees the same activations, logits and gradients e
 PyTorch's CPU allocator calls) serves an allocation over its mmap threshold (at most 32 MiB) with a fresh mapping
 and unmaps it on free, and trims the top of its heap once more than the trim threshold lies free: so the next step
 meets those pages again as new memory, one page fault per 4 KiB (hundreds of thousands a SmolLM2 full
-fine-tuning step; BENCHMARKS.md). With mappings off and the trim threshold out of reach, freed
+fine-tuning step). With mappings off and the trim threshold out of reach, freed
 memory stays in the process and is reused: the process keeps its peak (which every step reaches again anyway).
 The same advice Intel gives for PyTorch CPU training (jemalloc or tcmalloc in LD_PRELOAD), without a second
 allocator: two `mallopt` calls.

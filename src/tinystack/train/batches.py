@@ -58,14 +58,3 @@ class BatchSampler:
         self.gen.set_state(state["generator"])
         self.windows_drawn = int(state["windows_drawn"])
 
-
-def eval_batches(tokens: np.ndarray, batch_size: int, block_size: int,
-                 n_batches: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The fixed validation batches (generator seeded with 0), the same for every estimate and both backends."""
-    _check(tokens, block_size)
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(n_batches):
-        starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=gen).tolist()
-        out.append(_windows(tokens, starts, block_size))
-    return out

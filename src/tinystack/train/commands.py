@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from tinystack.cli_options import config_command
-from tinystack.config import Config
+from tinystack.config import FINETUNE_DEFAULTS, Config
 
 
 @config_command("train", "model", "run.device")
@@ -36,7 +36,7 @@ def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer dire
         shutdown_distributed()
 
 
-@config_command("finetune", "run.device")
+@config_command("finetune", "train", "data.val_fraction", "run.device", defaults=FINETUNE_DEFAULTS)
 def finetune(cfg: Config,
              model: Annotated[Path, typer.Option(
                  help="Pretrained model directory (ours or Hugging Face GPT-2/Llama).")],

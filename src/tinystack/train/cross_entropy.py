@@ -7,7 +7,7 @@ The contract is `F.cross_entropy(logits.float(), targets, ignore_index=...)`: th
 float32, whatever the logits' dtype. What differs is memory traffic. For SmolLM2 (49,152 words) a batch of
 4 x 256 has 50 M logits; the plain path upcasts them all to a float32 copy, writes a float32 log-softmax,
 zero-fills a float32 gradient, writes the log-softmax backward and casts that back to bf16: about ten passes
-over 200 MB, 0.7 s of a 3.5 s LoRA step (one thread, Xeon). Here each block of rows is upcast while it sits in
+over 200 MB, a large share of a LoRA step. Here each block of rows is upcast while it sits in
 cache, the forward keeps only one log-sum-exp per row, and the backward recomputes the softmax of the block
 and writes the gradient once, in the logits' own dtype: about three passes. Full fine-tuning and LoRA both
 gain; neither needs the float32 copy of the logits. On CPU, for bf16 or float32 logits, the per-row work is one

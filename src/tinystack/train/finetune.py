@@ -29,20 +29,11 @@ from typing import Any, Mapping
 import torch
 
 from tinystack.atomic import read_json, write_json
-from tinystack.config import Config, FinetuneConfig, TrainConfig
+from tinystack.config import Config, FinetuneConfig
 
 # tokenizer and chat files a model directory may carry; the fine-tuned directory keeps the base's
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
-
-
-def train_config(cfg: Config) -> TrainConfig:
-    """[train] (betas, clipping, seed, dtype, compile, threads) with the step settings of [finetune]."""
-    ft = cfg.finetune
-    return dataclasses.replace(cfg.train, max_iters=ft.max_iters, batch_size=ft.batch_size,
-                               grad_accum_steps=ft.grad_accum_steps, learning_rate=ft.learning_rate,
-                               min_lr=ft.min_lr, warmup_iters=ft.warmup_iters, weight_decay=ft.weight_decay,
-                               eval_interval=ft.eval_interval, ckpt_interval=ft.ckpt_interval)
 
 
 def build_model(base_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
@@ -104,13 +95,16 @@ def encode_split(records: list[Any], formatter: Any, tokenizer: Any, max_len: in
 
 def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, cfg: Config, *,
              resume: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Fine-tune `base_dir` on `data_path`, write the model directory `out_dir`; returns the report."""
+    """Fine-tune `base_dir` on `data_path`, write the model directory `out_dir`; returns the report. Reads
+    [finetune] (sequence length, LoRA), [train] (steps, optimiser, precision: `tinystack finetune` starts it
+    from config.FINETUNE_DEFAULTS), [data] (held-out share, dedup), [eval] (regression cases) and run.device."""
+    from tinystack.atomic import file_sha256
     from tinystack.data.io.records import write_jsonl
     from tinystack.data.io.rejects import Rejects
     from tinystack.eval.regression import write_cases
     from tinystack.infer.chat import chat_formatter
     from tinystack.model.io import read_lineage
-    from tinystack.pipeline import console, file_sha256
+    from tinystack.progress import console
     from tinystack.tokenizer import load_tokenizer
     from tinystack.train.checkpoint import save_model_dir
     from tinystack.train.distributed import is_main_process
@@ -124,12 +118,14 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         raise FileNotFoundError(f"{base_dir}: not a model directory (no config.json)")
     if ft.lora < 0:
         raise ValueError(f"finetune.lora must be >= 0, got {ft.lora}")
+    if cfg.train.backend != "torch":
+        raise ValueError(f"fine-tuning runs on torch: train.backend must be 'torch', got {cfg.train.backend!r}")
     work = out_dir.with_name(f"{out_dir.name}_finetune")
     tok = load_tokenizer(base_dir)
     formatter = chat_formatter(base_dir, tok)
     max_len = min(ft.max_seq_len or _context(base_dir), _context(base_dir))
     rejects = Rejects()
-    prep = prepare_conversations(data_path, formatter, cfg.data, ft.val_fraction, rejects)
+    prep = prepare_conversations(data_path, formatter, cfg.data, rejects)
     train_ex = encode_split(prep.train, formatter, tok, max_len, rejects)
     val_ex = encode_split(prep.val, formatter, tok, max_len, rejects)
     if not train_ex:
@@ -145,8 +141,8 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
                   f"{sum(dropped.values())} removed ({_counts(dropped)}); {rejects.total} rejected lines "
                   f"({_counts(rejects.counts)})")
     pad = tok.eos_token_id if tok.eos_token_id is not None else 0
-    tcfg = train_config(cfg)
-    val_batches = fixed_batches(val_ex, ft.batch_size, pad) if val_ex else None
+    tcfg = cfg.train
+    val_batches = fixed_batches(val_ex, tcfg.batch_size, pad) if val_ex else None
     model, result = train_model(lambda: build_model(base_dir, ft), ConversationBatches(train_ex, tcfg.seed, pad),
                                 val_batches, tcfg, device=cfg.run.device, log_path=work / "log.jsonl" if main else None,
                                 progress=progress, ckpt_dir=work / "checkpoints", resume=resume, label="finetune")
@@ -181,7 +177,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
                       f"base {h['base_loss']:.3f} -> fine-tuned {h['finetuned_loss']:.3f} nats/token "
                       f"({h['delta']:+.3f})")
     else:
-        console.print("held-out: none (every source went to train; more sources or finetune.val_fraction)")
+        console.print("held-out: none (every source went to train; more sources or data.val_fraction)")
     if cases:
         console.print(f"regression set: {len(cases)} held-out chat cases -> {work / 'regression.jsonl'} (gate: "
                       f"tinystack eval regress --model {out_dir} --baseline {base_dir} --cases "
@@ -204,13 +200,16 @@ def heldout_cases(records: list[Any], tokenizer: Any, n_cases: int, max_len: int
 
 def heldout_comparison(model: torch.nn.Module, base_dir: Path, val_batches: Any, dtype: str, device: str,
                        n: int) -> dict[str, Any]:
-    """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches."""
+    """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches: the one
+    scoring function (eval.scoring.score_batches), in the training precision."""
+    from tinystack.eval.scoring import score_batches
     from tinystack.model.io import load_model
-    from tinystack.train.loss import batches_loss
+    from tinystack.train.precision import autocast
 
     if not val_batches:
         return {"conversations": 0, "assistant_tokens": 0, "base_loss": None, "finetuned_loss": None, "delta": None}
-    tuned, count = batches_loss(model, val_batches, dtype, device)
-    base, _ = batches_loss(load_model(base_dir, device=device), val_batches, dtype, device)
-    return {"conversations": n, "assistant_tokens": count, "base_loss": base, "finetuned_loss": tuned,
-            "delta": tuned - base}
+    with autocast(dtype, torch.device(device).type):
+        tuned = score_batches(model, val_batches, device=device)
+        base = score_batches(load_model(base_dir, device=device), val_batches, device=device)
+    return {"conversations": n, "assistant_tokens": tuned.tokens, "base_loss": base.loss,
+            "finetuned_loss": tuned.loss, "delta": tuned.loss - base.loss}

@@ -140,15 +140,16 @@ class PreparedConversations:
                 "steps": [s.to_dict() for s in self.steps]}
 
 
-def prepare_conversations(path: str | Path, formatter: ChatFormatter, data: DataConfig, val_fraction: float,
+def prepare_conversations(path: str | Path, formatter: ChatFormatter, data: DataConfig,
                           rejects: Rejects) -> PreparedConversations:
-    """Read, dedup and split (by source) a conversations file; bad lines land in `rejects`."""
+    """Read, dedup and split (by source: data.val_fraction held out) a conversations file; bad lines land in
+    `rejects`."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no such conversations file: {path}")
     stream: Any = read_conversations(path, formatter, rejects)
     dedup: Any = NearDedup(near_dup_params(data), exact=True, workers=data.workers) if data.near_dedup \
         else ExactDedup()
-    splitter = Splitter("source", val_fraction=val_fraction, test_fraction=0.0, rejects=rejects)
+    splitter = Splitter("source", val_fraction=data.val_fraction, test_fraction=0.0, rejects=rejects)
     splits = splitter(dedup(stream))
     for stats in (dedup.stats, splitter.stats):
         stats.check()

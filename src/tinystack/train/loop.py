@@ -11,7 +11,11 @@ padded conversations whose non-assistant targets are IGNORE_INDEX; train.finetun
                     autocast forward -> loss / accum -> (scaled) backward   (DDP syncs on the last micro-batch)
                 non-finite loss or gradient -> NonFiniteLossError naming the step (nothing is written)
                 unscale -> clip by global norm -> AdamW step
-    every eval_interval steps: val loss on fixed batches;  every step: one JSON line in the training log
+    every eval_interval steps: val_loss, an estimate on a fixed subset of batches (eval.scoring.score_batches,
+                               in the training precision; it picks best.pt)
+    at the last step: final_val_loss, the same function on eval's own windows in the model's precision:
+                      the number `tinystack eval` reports for this checkpoint and split
+    every step: one JSON line in the training log
     every ckpt_interval steps (and at the end): ckpt_dir/last.pt, and best.pt when val loss improved
 
 `resume=True` restores model, optimiser, scaler, step, RNG and data position from
@@ -37,17 +41,18 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tinystack.atomic import atomic_open
-from tinystack.config import TrainConfig
+from tinystack.config import EvalConfig, TrainConfig
 from tinystack.errors import UserError
+from tinystack.eval.scoring import score_batches, window_batches
 from tinystack.model.gpt import GPT, GPTConfig
 from tinystack.nn.schedule import lr_at
 from tinystack.progress import console
 from tinystack.train import precision
 from tinystack.train.allocator import keep_freed_memory
-from tinystack.train.batches import BatchSampler, eval_batches, get_batch
+from tinystack.train.batches import BatchSampler, get_batch
 from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
-from tinystack.train.loss import batches_loss, next_token_loss, trim_targets
+from tinystack.train.loss import next_token_loss, trim_targets
 
 _NO_DECAY = ("wte", "wpe", "embed_tokens")  # embeddings: GPT-2's, Llama's
 REFRESH_S = 1.0  # the progress bar's redraw interval (seconds)
@@ -76,8 +81,8 @@ DIVERGED = "the last checkpoint is kept; a lower train.learning_rate usually hel
 class TrainResult:
     steps: int
     final_train_loss: float
-    final_val_loss: float | None
-    best_val_loss: float | None
+    final_val_loss: float | None  # the last validation (pretraining: eval's windows, = `tinystack eval`'s loss)
+    best_val_loss: float | None  # the best periodic estimate
     tokens_per_s: float
     wall_s: float
     resumed_from: int = 0  # the step training resumed at (0: a fresh run)
@@ -153,23 +158,32 @@ def _open_log(log_path: str | Path | None, start_step: int) -> Any:
 
 def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray | None, cfg: TrainConfig,
           *, device: str = "cpu", log_path: str | Path | None = None, progress: bool = True,
-          ckpt_dir: str | Path | None = None, resume: bool = False) -> tuple[GPT, TrainResult]:
+          ckpt_dir: str | Path | None = None, resume: bool = False,
+          eval_cfg: EvalConfig | None = None) -> tuple[GPT, TrainResult]:
     """Train a GPT for `cfg.max_iters` steps (from ckpt_dir/last.pt if `resume`); return it in eval mode
-    and a summary. Under torchrun every rank returns the same model; only rank 0 writes files."""
-    val = None
+    and a summary. Under torchrun every rank returns the same model; only rank 0 writes files.
+    Validation: estimates on eval_iters batches of evenly spaced val windows; the final one on the windows
+    `tinystack eval` scores under `eval_cfg` ([eval] max_windows, batch_size), so the two numbers agree."""
+    val = final = None
     if val_tokens is not None:
-        val = eval_batches(val_tokens, cfg.batch_size, model_cfg.block_size, cfg.eval_iters)
+        T, ev = model_cfg.block_size, eval_cfg or EvalConfig()
+        val = window_batches(val_tokens, T, cfg.eval_iters * cfg.batch_size, cfg.batch_size)
+        final = window_batches(val_tokens, T, ev.max_windows, ev.batch_size)
     return train_model(lambda: GPT(model_cfg), BatchSampler(train_tokens, model_cfg.block_size, cfg.seed), val, cfg,
-                       device=device, log_path=log_path, progress=progress, ckpt_dir=ckpt_dir, resume=resume)
+                       device=device, log_path=log_path, progress=progress, ckpt_dir=ckpt_dir, resume=resume,
+                       final_val_batches=final)
 
 
 def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource,
                 val_batches: Sequence[tuple[np.ndarray, np.ndarray]] | None, cfg: TrainConfig, *, device: str = "cpu",
                 log_path: str | Path | None = None, progress: bool = True, ckpt_dir: str | Path | None = None,
-                resume: bool = False, label: str = "train") -> tuple[Any, TrainResult]:
+                resume: bool = False, label: str = "train",
+                final_val_batches: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> tuple[Any, TrainResult]:
     """The loop of `train` for any model: `build_model()` (called once, after seeding with cfg.seed, so
     random inits such as LoRA's repeat) returns it with the parameters to train marked requires_grad;
-    `sampler` yields the batches; `val_batches` are scored (token-weighted mean) every eval_interval steps."""
+    `sampler` yields the batches; `val_batches` are scored (eval.scoring.score_batches, in the training
+    precision) every eval_interval steps; `final_val_batches`, if given, once at the end in the model's own
+    precision: that is the result's final_val_loss (else the last val_loss is)."""
     info, device = init_distributed(device)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -184,7 +198,7 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     model.train()
     opt = make_optimizer(model, cfg)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
-    start, best_val, val_loss, ckpt, probe = 0, None, None, None, None
+    start, best_val, val_loss, final_val, ckpt, probe = 0, None, None, None, None, None
     if resume:
         if ckpt_dir is None or not (ckpt_dir / LAST).is_file():
             raise FileNotFoundError(f"--resume: no checkpoint {ckpt_dir and ckpt_dir / LAST}")
@@ -201,6 +215,7 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     if ckpt:
         _restore(ckpt, model, opt, scaler, sampler, dev)
         start, best_val, val_loss = ckpt["step"], ckpt["best_val_loss"], ckpt["val_loss"]
+        final_val = ckpt.get("final_val_loss")
     fwd: torch.nn.Module = torch.compile(model) if cfg.compile else model
     if info.enabled:
         fwd = torch.nn.parallel.DistributedDataParallel(fwd, device_ids=[dev.index] if dev.type == "cuda" else None)
@@ -208,7 +223,7 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     tokens_done = 0  # positions fed to the model since start (all ranks): the work, padding included
     loss_value = float("nan")
     t_start = time.perf_counter()
-    # no auto-refresh thread: rich's redraws 10x a second (~2 ms each, measured) on a thread that preempts torch's
+    # no auto-refresh thread: rich redraws 10 times a second on a thread of its own, which preempts torch's
     # compute threads at random; the loop redraws itself between steps, at most once every REFRESH_S
     bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeRemainingColumn(), disable=not (progress and info.is_main), transient=False, auto_refresh=False)
@@ -227,10 +242,13 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
                 last = step == cfg.max_iters - 1
                 improved = False
                 if val_batches and ((step + 1) % cfg.eval_interval == 0 or last):
-                    val_loss = batches_loss(model, val_batches, cfg.dtype, dev)[0]
+                    with precision.autocast(cfg.dtype, dev.type):
+                        val_loss = score_batches(model, val_batches, device=dev).loss
                     improved = best_val is None or val_loss < best_val
                     best_val = val_loss if improved else best_val
                     record["val_loss"] = val_loss
+                if last and final_val_batches:  # no autocast: the weights as saved, scored as `tinystack eval` does
+                    final_val = record["final_val_loss"] = score_batches(model, final_val_batches, device=dev).loss
                 elapsed = time.perf_counter() - t_start
                 record["tokens_per_s"] = round(tokens_done / elapsed, 1)
                 if log:  # before the checkpoint: a resume keeps every line up to the checkpoint's step
@@ -241,6 +259,7 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
                     state = {"step": step + 1, "model": trainable_state(model), "optimizer": opt.state_dict(),
                              "scaler": scaler.state_dict(), "scheduler": {"step": step + 1, "last_lr": lr},
                              "data": sampler.state_dict(), "rng": _rng_state(dev), "val_loss": val_loss,
+                             "final_val_loss": final_val,
                              "best_val_loss": best_val, "model_config": model.config.to_dict(),
                              "train_config": asdict(cfg)}
                     if save_last:
@@ -260,7 +279,8 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
             log.close()
     wall = time.perf_counter() - t_start
     model.eval()
-    return model, TrainResult(cfg.max_iters, loss_value, val_loss, best_val,
+    final_val = final_val if final_val_batches else val_loss
+    return model, TrainResult(cfg.max_iters, loss_value, final_val, best_val,
                               tokens_done / wall if wall > 0 else 0.0, wall, start, cfg.dtype, probe)
 
 
@@ -305,7 +325,7 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: torch.amp.
         opt.zero_grad(set_to_none=True)
         raise NonFiniteLossError(f"loss became {loss_value} at step {step}; stopping ({DIVERGED})")
     scaler.unscale_(opt)
-    # foreach: one multi-tensor norm and scale instead of two small ops per tensor (~20% less clipping time on CPU)
+    # foreach: one multi-tensor norm and scale instead of two small ops per tensor (less clipping time on CPU)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip,
                                                      foreach=dev.type in ("cpu", "cuda")))
     if not math.isfinite(grad_norm) and not scaler.is_enabled():  # fp16: the scaler skips such steps itself

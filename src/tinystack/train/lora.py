@@ -21,7 +21,7 @@ separate adapters, but the P adapters sharing an input run as one.
 
 Why the product is written by hand (`_LoRAProduct`): per adapter, the plain graph is ~8 thin matmuls and adds
 (x @ A.T is [N, r]) each a full pass over an [N, in] or [N, out] activation. With 210 adapters on SmolLM2 they
-cost LoRA ~0.5 s of a ~3 s step. Here a group of adapters sharing an input is a handful of products:
+cost LoRA a large share of its step. Here a group of adapters sharing an input is a handful of products:
 
     xa = x A^T;  y = x W^T;  y += xa (s B)^T                    one thin product and one rank-P r update, in place
     g_xa = g (s B);  grad_x = g W, += g_xa A;  grad_A = g_xa^T x;  grad_B = the diagonal blocks of g^T xa

@@ -11,7 +11,7 @@
               so it is never assumed. First a screen: one of the model's own linear products, timed in
               each dtype (milliseconds); a candidate whose product runs over SCREEN_SLOWER times the
               reference's is dropped before any whole pass. Where the CPU has no bf16 instructions
-              (an AVX2-only AMD EPYC: bf16 matmul ~70x slower than float32) a single bf16 pass of a
+              (an AVX2-only AMD EPYC: bf16 matmul far slower than float32) a single bf16 pass of a
               135M-parameter model would otherwise take minutes, and the probe runs six of them.
 """
 from __future__ import annotations

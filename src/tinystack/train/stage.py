@@ -31,10 +31,10 @@ def stage_train(cfg: Config, tok_dir: Path, model_dir: Path, log_path: Path, lin
     lineage = {**(read_json(lineage_path) if lineage_path.is_file() else {}),
                "tokenizer_hash": tok.fingerprint(), **(lineage or {})}
     m = cfg.model
-    gcfg = GPTConfig(vocab_size=tok.vocab_size, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
+    gcfg = GPTConfig(vocab_size=tok.vocab_size, block_size=m.context_length, n_layer=m.n_layer, n_head=m.n_head,
                      n_embd=m.n_embd, dropout=m.dropout)
     val_path = tok_dir / "val.bin"
-    val = load_tokens(val_path) if val_path.is_file() and len(load_tokens(val_path)) > m.block_size else None
+    val = load_tokens(val_path) if val_path.is_file() and len(load_tokens(val_path)) > m.context_length else None
     train_tokens = load_tokens(tok_dir / "train.bin")
     if cfg.train.backend == "numpy":
         if resume:
@@ -42,12 +42,12 @@ def stage_train(cfg: Config, tok_dir: Path, model_dir: Path, log_path: Path, lin
         from tinystack.nn.gpt_io import to_torch
         from tinystack.train.numpy_loop import train_numpy
 
-        np_model, result = train_numpy(gcfg, train_tokens, val, cfg.train, log_path=log_path)
+        np_model, result = train_numpy(gcfg, train_tokens, val, cfg.train, log_path=log_path, eval_cfg=cfg.eval)
         model = to_torch(np_model)
     elif cfg.train.backend == "torch":
         ckpt_dir = ckpt_dir or model_dir.with_name(f"{model_dir.name}_checkpoints")
         model, result = train(gcfg, train_tokens, val, cfg.train, device=cfg.run.device, log_path=log_path,
-                              ckpt_dir=ckpt_dir, resume=resume)
+                              ckpt_dir=ckpt_dir, resume=resume, eval_cfg=cfg.eval)
     else:
         raise ValueError(f"train.backend must be 'torch' or 'numpy', got {cfg.train.backend!r}")
     info = result.to_dict()

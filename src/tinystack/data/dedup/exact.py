@@ -15,7 +15,7 @@ The *first* occurrence in input order is kept, so the result is deterministic fo
 given input order. Dedup runs before the split, so no exact duplicate can end up in
 two splits (which would leak training text into validation/test).
 
-Near-duplicate removal (MinHash + LSH) is `near_dedup.NearDedup`, chained after this
+Near-duplicate removal (MinHash + LSH) is `near_step.NearDedup`, chained after this
 step; with ``exact=True`` it also does this step's job and puts each exact duplicate
 in its original's cluster (the ``dedup`` command).
 """

@@ -2,7 +2,7 @@
 
 It keeps signatures plus, per band, the sorted band keys and their order (int32 below
 2**31 rows), so a query is a `np.searchsorted` per band, then the same verification
-as dedup (`neardup.verify_pairs`). The evaluation layer builds one from
+as dedup (`near_duplicates.verify_pairs`). The evaluation layer builds one from
 ``train.jsonl`` (`NearDupIndex.from_jsonl`) and asks `contains(texts)` /
 `query(texts)`; `prepare`'s leakage check (`leakage.py`) builds one per split, from
 signatures the dedup step already computed where it can (`add_jsonl(signatures=)`).

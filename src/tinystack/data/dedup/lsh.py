@@ -9,7 +9,7 @@ above it that the curve misses (pairs we would never see), the rule datasketch u
 
 Plain minimisation at 0.85 with 128 permutations gives b=8, r=16, whose curve is
 only 0.46 at s=0.85: banding alone would miss half of the pairs right at the
-threshold. Because every candidate is verified afterwards (`neardup.py`), banding
+threshold. Because every candidate is verified afterwards (`near_duplicates.py`), banding
 only has to *not miss* true pairs, so the dedup asks for ``min_recall=0.999`` at
 the threshold (b=18, r=7 at 0.85) and verification throws out the extra false
 candidates.
@@ -97,7 +97,7 @@ def _bucket_pairs(order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     member[starts] = False
     out = [np.stack([np.repeat(order[starts], sizes - 1), order[member]], axis=1)]
     # Remaining pairs (non-first x non-first) for small buckets of size >= 3, all buckets
-    # of one size at once as a 2-D block (a loop per bucket cost ~10 us each).
+    # of one size at once as a 2-D block (a Python loop per bucket cost more than the pairs).
     small = (sizes >= 3) & (sizes <= MAX_BUCKET_PAIRS)
     for m in np.unique(sizes[small]).tolist():
         block = order[starts[small & (sizes == m)][:, None] + np.arange(1, m)]  # (buckets, m - 1)
@@ -137,7 +137,7 @@ def unique_pairs(pairs: np.ndarray, n: int) -> np.ndarray:
 def candidate_pairs(keys: np.ndarray) -> np.ndarray:
     """(m, 2) int64 array of distinct pairs (i < j) that share a key in some band.
 
-    Holds every band's pairs at once; `neardup.find_pairs` instead filters band by
+    Holds every band's pairs at once; `near_duplicates.find_pairs` instead filters band by
     band, which keeps memory bounded when many dissimilar pairs collide.
     """
     n, bands = keys.shape

@@ -27,7 +27,7 @@ documents have ~2,000 distinct 3-grams, so 256k (permutation, shingle) values ea
   (several documents packed together): multiply, add (both in place, wrapping
   uint32) and a segmented minimum (`np.minimum.reduceat`) per tile. A 512 KiB tile
   stays in the core's L2 cache across the three passes; one (128 x 8k) tile of
-  4 MiB does not, and made the step ~2x slower. Tiles also keep the broadcast's
+  4 MiB does not, and made the step slower. Tiles also keep the broadcast's
   inner dimension >= 4k elements, below which NumPy's per-row overhead dominates.
   32-bit arithmetic moves half the bytes of 64-bit and needs no modulo at all.
 

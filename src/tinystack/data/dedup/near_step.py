@@ -9,7 +9,7 @@ Flow (memory: the signature index only; records wait in an on-disk `Spool`):
             each exact key gets a signature of the same canonical text, case-folded
             (batches of `BATCH` texts, over `workers` processes when > 1; same output
             either way, signatures are pure functions of the text)
-    then    LSH candidates -> verified pairs (`neardup.find_pairs`; exact Jaccard
+    then    LSH candidates -> verified pairs (`near_duplicates.find_pairs`; exact Jaccard
             re-reads only the texts of candidate pairs from the spool) -> union-find;
             an exact duplicate is unioned with its first copy, so it shares its cluster
     pass 2  spool -> records in input order; the cluster root (smallest index) is kept,
@@ -174,7 +174,7 @@ class NearDedup:
             b, r = self.params.bands
             self.stats.extra.update(clusters=int((sizes >= 2).sum()), verified_pairs=int(len(pairs)),
                                     signatures=int(len(rows)), bands=b, rows=r, threshold=self.params.threshold)
-            # per record: plain Python values (indexing NumPy arrays costs ~0.1 us a scalar)
+            # per record: plain Python values (indexing a NumPy array per scalar is slower than a list)
             for i, (rec, root, first) in enumerate(zip(spool, roots.tolist(), firsts.tolist())):
                 self.stats.n_in += 1
                 rec.extra = {**rec.extra, "cluster_id": root}  # a fresh dict: extras may be shared objects

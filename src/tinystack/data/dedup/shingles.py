@@ -37,12 +37,12 @@ _SET_GROUP_CHARS = 1 << 16  # characters shingled at once by `shingle_sets_batch
 
 # Full-width ASCII forms (U+FF01..FF5E) and the ideographic space are the compatibility
 # characters of everyday CJK text; mapping them first usually makes the full NFKC
-# call unnecessary (`is_normalized` is ~100x cheaper than `normalize`). The result is
+# call unnecessary (`is_normalized` is far cheaper than `normalize`). The result is
 # identical to plain NFKC: these are exactly NFKC's mappings for them.
 def _map_fullwidth(texts: list[str]) -> list[str]:
     """U+FF01..FF5E -> U+0021..007E and U+3000 -> space in every text, as array arithmetic
-    over their concatenation (`str.translate` with a dict costs ~0.1 us per character,
-    and one NumPy pass per short text ~20 us). The mapping keeps each code point one
+    over their concatenation (`str.translate` with a dict costs a dict look-up per character,
+    and one NumPy pass per short text a call's fixed cost). The mapping keeps each code point one
     code point, so the texts are cut back out of the result by their lengths."""
     c = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).copy()
     wide = (c >= 0xFF01) & (c <= 0xFF5E)
@@ -156,8 +156,8 @@ def shingle_hashes_batch(texts: list[str], k: int = 3, unit: Unit = "char",
 
     Text i's hashes are ``out[offsets[i]:offsets[i + 1]]`` with offsets the cumulative
     counts. For the char unit the texts share one encode and one pass of array
-    operations, which is what makes short documents cheap (a NumPy call costs ~1 us,
-    whatever its size).
+    operations, which is what makes short documents cheap (a NumPy call has a fixed
+    cost whatever its size).
     """
     return canonical_shingle_hashes(canonical_batch(texts, casefold), k, unit)
 
@@ -198,7 +198,7 @@ def shingle_sets_batch(texts: list[str], k: int = 3, unit: Unit = "char",
                        casefold: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """`shingle_set` of several texts: (their sets concatenated, size of each). Shingling
     is batched over groups of ~`_SET_GROUP_CHARS` characters (bounding the temporaries);
-    each set is then sorted on its own: a few hundred values sort in cache, ~10x faster
+    each set is then sorted on its own: a few hundred values sort in cache, far faster
     a value than one sort of all of them."""
     sets: list[np.ndarray] = []
     start = 0

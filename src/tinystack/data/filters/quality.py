@@ -117,7 +117,7 @@ class SymbolFilter(Step):
         visible = len("".join(t.split()))
         if visible == 0:
             return "symbol_ratio"
-        if t.isascii():  # byte-level counting, ~20x faster than per-character Python
+        if t.isascii():  # byte-level counting: far faster than per-character Python
             b = t.encode("ascii")
             symbols = len(b.translate(None, _ASCII_NOT_SYMBOL))
             digits = len(b) - len(b.translate(None, _ASCII_DIGITS))
@@ -174,28 +174,26 @@ class RepetitionFilter(Step):
 
 @dataclass(frozen=True)
 class QualityParams:
-    """The quality-filter chain's settings. ``enabled=False`` skips all of them.
+    """The quality-filter chain's settings, built from [data] by `data.options.quality_params` (the defaults
+    and their meaning live there, in config.DataConfig, only).
 
     The perplexity filter runs only when `perplexity_reference` names reference inputs
     (JSONL / text files, read like pipeline inputs, up to `perplexity_max_chars`).
     """
 
-    enabled: bool = True
-    min_words: int = 3
-    max_words: int = 0
-    scripts: tuple[str, ...] = ("latin", "cjk")
-    min_script_ratio: float = 0.5
-    max_symbol_ratio: float = 0.25
-    max_digit_ratio: float = 0.3
-    repetition: bool = True
-    perplexity_reference: tuple[str, ...] = ()
-    perplexity_percentile: float = 99.0
-    perplexity_order: int = 5
-    perplexity_max_chars: int = 5_000_000
+    min_words: int
+    max_words: int
+    scripts: tuple[str, ...]
+    min_script_ratio: float
+    max_symbol_ratio: float
+    max_digit_ratio: float
+    repetition: bool
+    perplexity_reference: tuple[str, ...]
+    perplexity_percentile: float
+    perplexity_order: int
+    perplexity_max_chars: int
 
     def steps(self) -> list[Step]:
-        if not self.enabled:
-            return []
         out: list[Step] = [WordCountFilter(self.min_words, self.max_words),
                            CharsetFilter(tuple(self.scripts), self.min_script_ratio),
                            SymbolFilter(self.max_symbol_ratio, self.max_digit_ratio)]

@@ -125,7 +125,7 @@ class Record:
 
 
 # One encoder for every line: `json.dumps(..., ensure_ascii=False)` builds a new encoder
-# per call, ~1 us, a third of the cost of encoding a short document.
+# per call, a large part of the cost of encoding a short document.
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 
 

@@ -7,9 +7,9 @@ temp dir and disappears on `close` (or garbage collection).
 
 Format: per batch of `BATCH` records, a pickled list of their texts, then a pickled
 list of their other fields (a tuple per record), so `texts` reads only texts. Why not JSON
-lines: a record would be encoded, decoded and re-validated once more per spool, ~10 us
-a record, which on short documents costs more than their near-dedup signatures;
-pickling a batch costs ~1 us a record each way, and the file is private to this
+lines: a record would be encoded, decoded and re-validated once more per spool,
+which on short documents costs more than their near-dedup signatures;
+pickling a batch costs a fraction of that each way, and the file is private to this
 process (an unnamed temporary file), so nothing else ever reads it. A record is
 serialised when its batch is written, not when it is appended: it must not be
 changed in place after `append` (a new record is fine; the steps only make new ones).

@@ -2,7 +2,7 @@
 record with one in train or in the kept val records, is dropped (reasons
 ``leak_near_train`` / ``leak_near_val``; train is never filtered).
 
-The index is `neardup.NearDupIndex` over the *written* split files (texts are re-read
+The index is `dedup.index.NearDupIndex` over the *written* split files (texts are re-read
 from them for exact verification, by byte offset). Its signatures come from one of two
 places:
 

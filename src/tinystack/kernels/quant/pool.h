@@ -2,7 +2,7 @@
 //
 // at::parallel_for (OpenMP) gives each thread a fixed share and then waits for all of them: on a busy
 // machine whose second core is taken by another process, every one of a decode step's ~200 small
-// matmuls waits for a descheduled thread (measured: 2 threads 4x slower than 1 at load ~5 on 2 cores).
+// matmuls waits for a descheduled thread (measured: 2 threads several times slower than 1 on 2 busy cores).
 // Here the caller and the helper threads take chunks from one atomic counter; the caller waits only
 // for chunks a helper has already *started*, so when no helper wakes in time the caller simply does all
 // the work itself. Helpers spin briefly after a task (decode calls arrive back to back) and then sleep.

@@ -1,7 +1,7 @@
 """What the native routes do, kept out of the route functions: /generate, /health, /ready, /v1/models.
 
     POST /generate: Prepared -> execution.run (protections, engine) -> GenerateResponse
-        timing (tracking.py): enqueued before admission, scheduled / first_token / last_token
+        timing (engine/tracking.py): enqueued before admission, scheduled / first_token / last_token
         from the engine's stamps, returned when the answer is built (tinystack.observe)
 """
 from __future__ import annotations

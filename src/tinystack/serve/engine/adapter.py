@@ -23,6 +23,7 @@ The implementations, chosen by `make_adapter`:
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,13 +104,14 @@ class EngineAdapter(Protocol):
 
 
 def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") -> Any:
-    """The AsyncEngine for a model directory, built from the [infer] section: dtype, quantize, kv_cache,
-    block_size, memory budget, and the scheduler (continuous batching of up to max_num_seqs sequences,
-    or the dynamic batcher's batches of max_num_seqs; max_num_seqs=1 is no batching). Returns once the KV
-    cache's first pages are in memory, so the first requests served do not wait for them."""
+    """The AsyncEngine for a model directory, built from the [infer] section whole (weight format, KV cache,
+    memory budget, scheduler: continuous batching of up to max_num_seqs sequences, or the dynamic batcher's
+    batches of max_num_seqs; max_num_seqs=1 is no batching), its set-up printed on stderr. Returns once the
+    KV cache's first pages are in memory, so the first requests served do not wait for them."""
     from tinystack.infer import AsyncEngine
 
-    engine = AsyncEngine.from_dir(model_dir, device=device, **cfg.load_kwargs(), **cfg.engine_kwargs())
+    engine = AsyncEngine.from_dir(model_dir, cfg, device)
+    print(engine.engine.describe(), file=sys.stderr, flush=True)
     engine.engine.wait_for_kv_pages()
     return engine
 

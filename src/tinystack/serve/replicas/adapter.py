@@ -14,7 +14,7 @@ the engine calls change:
         replica died / went away before the first token   -> sent again (another replica), up to
                                                               `retries` times: nothing was lost
         ... after tokens were sent                         -> ReplicaLost: 503, or in a stream an
-                                                              error event (execution.py); the
+                                                              error event (engine/execution.py); the
                                                               breaker is not told (one replica)
         every replica full (Serve's queue bound)           -> EngineBusy: 429 with Retry-After
     abort(id)                  closing the stream cancels the call; the replica aborts the sequence
@@ -148,9 +148,9 @@ class ReplicaAdapter:
 
         Two choices, each measured on the shared 2-core machine under load (benchmarks/bench_replicas.py
         --overhead-only and same-run probes): its router runs on this loop (Serve's default is a router thread
-        of its own: every call and every message would cross threads; ~3 ms a request), and
+        of its own: every call and every message would cross threads), and
         `_by_reference=False` is Serve's gRPC path straight to the replica's inter-deployment server rather
-        than a Ray actor call with an ObjectRef per message (~2 ms). Routing, health checks and replacement
+        than a Ray actor call with an ObjectRef per message (slower per message). Routing, health checks and replacement
         stay Serve's; only the transport changes.
         """
         loop = asyncio.get_running_loop()

@@ -41,10 +41,10 @@ DEPLOYMENT = "engine"
 REPLICA_ENV = {
     # user code on the replica's own event loop, not a second loop thread: generate() never blocks (the engine
     # steps on its own thread; info/stats/health are sync, so Serve runs them in its thread pool), and every
-    # streamed message skips a thread hop: ~1-2 ms a request
+    # streamed message skips a thread hop (measured lower gateway overhead: BENCHMARKS.md, Replicas)
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
     # Serve's per-request access line in the replica is buffered, not flushed each request (tinystack's own
-    # request log, in the gateway, names the replica): ~0-2 ms
+    # request log, in the gateway, names the replica): no worse in the probes, sometimes better
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
     "RAY_SERVE_LOG_TO_STDERR": "0",  # Serve's log lines go to its log files only
 }
