@@ -46,14 +46,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def throughput(model, tok, cfg, tok_dir: Path, data_dir: Path) -> dict:
     """Window evaluation vs per-document scoring of the val split, and the latter's padding efficiency."""
     val = load_tokens(tok_dir / "val.bin")
-    s, _, m = timed(lambda: score_tokens(model, val, token_byte_lengths(tok), batch_size=cfg.eval.batch_size).to_dict())
+    B = cfg.eval.windows_per_batch
+    s, _, m = timed(lambda: score_tokens(model, val, token_byte_lengths(tok), batch_size=B).to_dict())
     out = {"windows": {"tokens": m["tokens"], "seconds": round(s, 3), "tokens_per_s": round(m["tokens"] / s)}}
     recs = read_records(data_dir / "val.jsonl")
     ids = [document_ids(tok, r["text"]) for r in recs]
     s, _, sc = timed(lambda: score_documents(model, ids, [len(r["text"].encode()) + 1 for r in recs],
-                                          batch_size=cfg.eval.batch_size))
+                                          batch_size=cfg.eval.windows_per_batch))
     wins = sorted(_windows(ids, context_len(model)), key=lambda w: -len(w[1]))
-    B = cfg.eval.batch_size
+    B = cfg.eval.windows_per_batch
     # positions the model computes: each batch is as wide as its first (longest) window
     computed = sum(len(wins[b:b + B]) * (len(wins[b][1]) - 1) for b in range(0, len(wins), B))
     scored = int(sc.tokens.sum())
@@ -78,7 +79,7 @@ def main() -> None:
     res: dict = {"config": args.config, "overrides": args.set, "load_avg_start": os.getloadavg()[0],
                  "torch_threads": torch.get_num_threads()}
 
-    with torch_threads(cfg.eval.threads):  # windows vs per-document, with the threads the eval stage uses
+    with torch_threads(cfg.run.threads):  # windows vs per-document, with the threads the eval stage uses
         res["throughput_threads"] = torch.get_num_threads()
         res.update(throughput(model, tok, cfg, tok_dir, data_dir))
 
@@ -113,7 +114,7 @@ def main() -> None:
             out = Path(tmp) / f"s{sigma}"
             save_model(pert, out, eos_token_id=tok.eos_token_id)
             shutil.copy(model_dir / "tokenizer.json", out / "tokenizer.json")
-            with torch_threads(cfg.eval.threads):
+            with torch_threads(cfg.run.threads):
                 # out=out binds this iteration's directory (timed calls the lambda at once; explicit all the same)
                 s, _, r = timed(lambda out=out: run_regression(out, cases, model_dir,
                                                                tolerance=cfg.eval.regression_tolerance))

@@ -260,7 +260,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = smollm2_dir(args.model)
     tcfg = TrainConfig(max_iters=args.steps, batch_size=args.batch, learning_rate=1e-5, min_lr=1e-6, warmup_iters=0,
-                       weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, threads=args.threads, plot=False,
+                       weight_decay=0.0, eval_interval=10**9, ckpt_interval=0, plot=False,
                        dtype=args.dtype)
     lora = FinetuneConfig(lora=args.rank, lora_alpha=2.0 * args.rank)
     if args.targets:

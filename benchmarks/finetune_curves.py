@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from bench_common import ROOT
-from tinystack.config import Config
+from tinystack.config import FINETUNE_DEFAULTS, load_config
 
 
 def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, dtype: str, out_png: Path) -> dict:
@@ -28,11 +28,12 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, dtype: str
         data = Path(tmp) / "chat.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in conversations()), encoding="utf-8")
         for name, lr, r in (("full", 5e-5, 0), (f"lora r={rank}", 3e-3, rank)):
-            cfg = Config()
-            cfg.train.threads, cfg.train.plot, cfg.train.dtype = threads, False, dtype
-            ft = cfg.finetune
-            ft.max_iters, ft.learning_rate, ft.min_lr, ft.lora, ft.lora_alpha = steps, lr, lr / 10, r, 2.0 * r
-            ft.eval_interval, ft.val_fraction, ft.warmup_iters = max(1, steps // 4), 0.2, 3
+            cfg = load_config(None, [], defaults=FINETUNE_DEFAULTS)
+            cfg.run.threads, cfg.train.plot, cfg.train.dtype = threads, False, dtype
+            t = cfg.train
+            t.max_iters, t.learning_rate, t.min_lr = steps, lr, lr / 10
+            cfg.finetune.lora, cfg.finetune.lora_alpha = r, 2.0 * r
+            t.eval_interval, cfg.data.val_fraction, t.warmup_iters = max(1, steps // 4), 0.2, 3
             out = Path(tmp) / name.replace(" ", "_").replace("=", "")
             report = finetune(model_dir, data, out, cfg, progress=False)
             log = [json.loads(x) for x in (out.parent / f"{out.name}_finetune" / "log.jsonl").read_text().splitlines()]

@@ -36,7 +36,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 @app.command()
-@config_command("run.workdir", "run.device", "run.registry")
+@config_command("run.workdir", "run.device", "run.registry", "run.threads")
 def run(cfg: Config,
         no_serve: Annotated[bool, typer.Option("--no-serve", help="Skip the server demo.")] = False,
         no_promote: Annotated[bool, typer.Option("--no-promote", help="Evaluate and gate, but do not promote "

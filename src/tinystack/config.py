@@ -122,8 +122,6 @@ class TrainConfig(Section):
     compile: bool = False  # torch.compile the model
     ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end
     plot: bool = True  # write a PNG loss curve beside the training log
-    # 1 helps when the cores are shared with other jobs: under heavy load 2 threads ran far slower (docs/train.md)
-    threads: int = 0  # torch intra-op threads (0 = torch's default: fastest on an idle machine)
     # glibc only: freed memory stays in the process for the next step instead of page-faulting back in each step
     # (train/allocator.py); the process keeps its peak memory
     keep_freed_memory: bool = True
@@ -156,7 +154,7 @@ FINETUNE_DEFAULTS = {
 @dataclass
 class EvalConfig(Section):
     max_windows: int = 256  # deterministic non-overlapping windows per split (0 = all)
-    batch_size: int = 16
+    windows_per_batch: int = 16  # windows scored in one forward pass
     max_docs: int = 1000  # documents per split scored one by one for the slices (evenly spaced; 0 = all)
     length_buckets: list[int] = field(default_factory=lambda: [32, 128, 512])  # bucket edges, in tokens
     worst_k: int = 10  # bad cases listed per split
@@ -165,7 +163,6 @@ class EvalConfig(Section):
     gen_max_tokens: int = 32
     regression_cases: int = 16  # cases `tinystack run` builds from the held-out split
     regression_tolerance: float = 0.02  # nats per target byte a case may worsen before it counts as a regression
-    threads: int = 0  # torch intra-op threads while evaluating (0 = torch's default; 1 when the cores are shared)
 
 
 @dataclass
@@ -245,6 +242,8 @@ class InferConfig(Section):
 class RunConfig(Section):
     workdir: str = ""  # default: runs/<timestamp>
     device: str = "cpu"
+    # 0 = torch's default, fastest on an idle machine; 1 helps when the cores are shared with other jobs
+    threads: int = 0  # torch intra-op threads while training and evaluating (docs/train.md)
     demo_prompts: list[str] = field(
         default_factory=lambda: [
             "Return the number of",
@@ -318,6 +317,9 @@ RENAMED = {
     "infer.quantize": "infer.weight_format",
     "infer.backend": "infer.runtime",
     "serve.ray_address": "serve.ray_cluster",
+    "train.threads": "run.threads",
+    "eval.threads": "run.threads",
+    "eval.batch_size": "eval.windows_per_batch",
     **{f"finetune.{k}": f"train.{k}" for k in ("max_iters", "batch_size", "grad_accum_steps", "learning_rate", "min_lr",
                                                 "warmup_iters", "weight_decay", "eval_interval", "ckpt_interval")},
     "finetune.val_fraction": "data.val_fraction",

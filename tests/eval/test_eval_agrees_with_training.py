@@ -30,7 +30,7 @@ def test_final_val_loss_equals_eval_json(tmp_path, backend):
                              "model.n_head=2", "model.n_embd=16", "model.context_length=16", "train.max_iters=12",
                              "train.batch_size=4", "train.eval_interval=5", "train.eval_iters=2",
                              "train.warmup_iters=2", "train.learning_rate=0.01", "train.plot=false",
-                             f"train.backend={backend}", "eval.max_windows=20", "eval.batch_size=16",
+                             f"train.backend={backend}", "eval.max_windows=20", "eval.windows_per_batch=16",
                              "eval.gen_max_tokens=4", "eval.gen_prompts=['To be']"])
     stage_tokenizer(cfg, data, tmp_path / "tok")
     info = stage_train(cfg, tmp_path / "tok", tmp_path / "model", tmp_path / "log.jsonl")

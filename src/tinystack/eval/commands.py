@@ -26,7 +26,7 @@ app = typer.Typer(add_completion=False, help="Offline metrics of a model directo
 
 
 @app.callback(invoke_without_command=True)
-@config_command("eval", "run.device")
+@config_command("eval", "run.device", "run.threads")
 def evaluate(cfg: Config, ctx: typer.Context,
              model: Annotated[Path | None, typer.Option(help="Model directory.")] = None,
              data: Annotated[Path | None, typer.Option(help="Data directory with {train,val,test}.jsonl: "
@@ -45,7 +45,7 @@ def evaluate(cfg: Config, ctx: typer.Context,
 
 
 @app.command()
-@config_command("eval", "run.device")
+@config_command("eval", "run.device", "run.threads")
 def regress(cfg: Config, model: Annotated[Path, typer.Option(help="Model directory under test (NEW).")],
             cases: Annotated[Path, typer.Option(help="Regression set: JSONL of cases.")],
             baseline: Annotated[Path | None, typer.Option(help="Model directory to compare with (OLD).")] = None,
@@ -62,7 +62,7 @@ def regress(cfg: Config, model: Annotated[Path, typer.Option(help="Model directo
     from tinystack.eval.threads import torch_threads
     from tinystack.progress import console
 
-    with torch_threads(cfg.eval.threads):
+    with torch_threads(cfg.run.threads):
         result = run_regression(model, load_cases(cases), baseline, tolerance=cfg.eval.regression_tolerance,
                                 device=cfg.run.device, data_dir=data, metric_tolerance=metric_tolerance,
                                 eval_cfg=cfg.eval)

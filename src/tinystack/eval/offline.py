@@ -70,8 +70,9 @@ def window_metrics(model: Any, tokenizer: Any, cfg: EvalConfig, *,
         if len(tokens) <= context_len(model):
             results[split] = {"skipped": f"only {len(tokens)} tokens"}
             continue
-        results[split] = score_tokens(model, tokens, nbytes, max_windows=cfg.max_windows, batch_size=cfg.batch_size,
-                                      device=device, progress=progress, label=f"eval {split} windows").to_dict()
+        results[split] = score_tokens(model, tokens, nbytes, max_windows=cfg.max_windows,
+                                      batch_size=cfg.windows_per_batch, device=device, progress=progress,
+                                      label=f"eval {split} windows").to_dict()
     return results
 
 
@@ -100,7 +101,7 @@ def evaluate_model(model: Any, tokenizer: Any, cfg: EvalConfig, *, data_dir: Pat
             continue
         ids = [document_ids(tokenizer, r["text"]) for r in recs]
         scores = score_documents(model, ids, [len(r["text"].encode("utf-8")) + 1 for r in recs],
-                                 batch_size=cfg.batch_size, device=device, progress=progress,
+                                 batch_size=cfg.windows_per_batch, device=device, progress=progress,
                                  label=f"eval {split}")
         rep = split_report(scores, [r.get("source", "unknown") for r in recs], cfg.length_buckets)
         rep["source_blame"] = source_blame(rep["by_source"], rep["total"])

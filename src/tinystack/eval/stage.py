@@ -24,7 +24,7 @@ def stage_eval(cfg: Config, model_dir: Path, tok_dir: Path | None, out: Path,
 
     model, tokenizer = load_model_dir(model_dir, device=cfg.run.device)
     results: dict[str, Any] = {"model": str(model_dir)}
-    with torch_threads(cfg.eval.threads):
+    with torch_threads(cfg.run.threads):
         results.update(evaluate_model(model, tokenizer, cfg.eval, data_dir=data_dir, tok_dir=tok_dir,
                                       device=cfg.run.device))
         results["generation"] = generation_checks(model, tokenizer, cfg.eval.gen_prompts or cfg.run.demo_prompts,
@@ -50,7 +50,7 @@ def stage_regression(cfg: Config, model_dir: Path, data_dir: Path, workdir: Path
     cases, baseline, version = regression_set(registry, cfg.run.name, heldout,
                                               cfg.eval.gen_prompts or cfg.run.demo_prompts, cfg.eval.gen_max_tokens)
     write_cases(workdir / "regression.jsonl", cases)
-    with torch_threads(cfg.eval.threads):
+    with torch_threads(cfg.run.threads):
         result = run_regression(model_dir, cases, baseline, tolerance=cfg.eval.regression_tolerance,
                                 device=cfg.run.device, data_dir=data_dir if baseline else None, eval_cfg=cfg.eval)
     result["gate"] = {"name": cfg.run.name, "registry": str(registry.root), "baseline_version": version,

@@ -18,7 +18,7 @@ from tinystack.cli_options import config_command
 from tinystack.config import FINETUNE_DEFAULTS, Config
 
 
-@config_command("train", "model", "run.device")
+@config_command("train", "model", "run.device", "run.threads")
 def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer directory with train.bin/val.bin.")],
           out: Annotated[Path, typer.Option(help="Model directory to write.")],
           resume: Annotated[bool, typer.Option("--resume",
@@ -36,7 +36,7 @@ def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer dire
         shutdown_distributed()
 
 
-@config_command("finetune", "train", "data.val_fraction", "run.device", defaults=FINETUNE_DEFAULTS)
+@config_command("finetune", "train", "data.val_fraction", "run.device", "run.threads", defaults=FINETUNE_DEFAULTS)
 def finetune(cfg: Config,
              model: Annotated[Path, typer.Option(
                  help="Pretrained model directory (ours or Hugging Face GPT-2/Llama).")],

@@ -102,6 +102,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     from tinystack.data.io.records import write_jsonl
     from tinystack.data.io.rejects import Rejects
     from tinystack.eval.regression import write_cases
+    from tinystack.eval.threads import torch_threads
     from tinystack.infer.chat import chat_formatter
     from tinystack.model.io import read_lineage
     from tinystack.progress import console
@@ -143,9 +144,11 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     pad = tok.eos_token_id if tok.eos_token_id is not None else 0
     tcfg = cfg.train
     val_batches = fixed_batches(val_ex, tcfg.batch_size, pad) if val_ex else None
-    model, result = train_model(lambda: build_model(base_dir, ft), ConversationBatches(train_ex, tcfg.seed, pad),
-                                val_batches, tcfg, device=cfg.run.device, log_path=work / "log.jsonl" if main else None,
-                                progress=progress, ckpt_dir=work / "checkpoints", resume=resume, label="finetune")
+    with torch_threads(cfg.run.threads):
+        model, result = train_model(lambda: build_model(base_dir, ft), ConversationBatches(train_ex, tcfg.seed, pad),
+                                    val_batches, tcfg, device=cfg.run.device, progress=progress, label="finetune",
+                                    log_path=work / "log.jsonl" if main else None, ckpt_dir=work / "checkpoints",
+                                    resume=resume)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model = merge_lora(model).float().eval()
     report: dict[str, Any] = {

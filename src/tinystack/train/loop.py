@@ -163,12 +163,12 @@ def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray
     """Train a GPT for `cfg.max_iters` steps (from ckpt_dir/last.pt if `resume`); return it in eval mode
     and a summary. Under torchrun every rank returns the same model; only rank 0 writes files.
     Validation: estimates on eval_iters batches of evenly spaced val windows; the final one on the windows
-    `tinystack eval` scores under `eval_cfg` ([eval] max_windows, batch_size), so the two numbers agree."""
+    `tinystack eval` scores under `eval_cfg` ([eval] max_windows, windows_per_batch), so the two numbers agree."""
     val = final = None
     if val_tokens is not None:
         T, ev = model_cfg.block_size, eval_cfg or EvalConfig()
         val = window_batches(val_tokens, T, cfg.eval_iters * cfg.batch_size, cfg.batch_size)
-        final = window_batches(val_tokens, T, ev.max_windows, ev.batch_size)
+        final = window_batches(val_tokens, T, ev.max_windows, ev.windows_per_batch)
     return train_model(lambda: GPT(model_cfg), BatchSampler(train_tokens, model_cfg.block_size, cfg.seed), val, cfg,
                        device=device, log_path=log_path, progress=progress, ckpt_dir=ckpt_dir, resume=resume,
                        final_val_batches=final)
@@ -185,8 +185,6 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     precision) every eval_interval steps; `final_val_batches`, if given, once at the end in the model's own
     precision: that is the result's final_val_loss (else the last val_loss is)."""
     info, device = init_distributed(device)
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
     if cfg.keep_freed_memory:
         keep_freed_memory()
     dev = torch.device(device)

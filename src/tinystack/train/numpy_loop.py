@@ -66,7 +66,7 @@ def train_numpy(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.n
     if val_tokens is not None:
         ev = eval_cfg or EvalConfig()
         val = window_batches(val_tokens, T, cfg.eval_iters * B, B)
-        final = window_batches(val_tokens, T, ev.max_windows, ev.batch_size)
+        final = window_batches(val_tokens, T, ev.max_windows, ev.windows_per_batch)
     log = None
     if log_path:
         with atomic_open(log_path) as f:  # create it empty, atomically; then stream lines into it

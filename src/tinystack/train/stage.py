@@ -10,6 +10,7 @@ from typing import Any
 
 from tinystack.atomic import file_sha256, read_json
 from tinystack.config import Config
+from tinystack.eval.threads import torch_threads
 from tinystack.progress import console
 from tinystack.tokenizer.stage import LINEAGE_FILE
 
@@ -46,8 +47,9 @@ def stage_train(cfg: Config, tok_dir: Path, model_dir: Path, log_path: Path, lin
         model = to_torch(np_model)
     elif cfg.train.backend == "torch":
         ckpt_dir = ckpt_dir or model_dir.with_name(f"{model_dir.name}_checkpoints")
-        model, result = train(gcfg, train_tokens, val, cfg.train, device=cfg.run.device, log_path=log_path,
-                              ckpt_dir=ckpt_dir, resume=resume, eval_cfg=cfg.eval)
+        with torch_threads(cfg.run.threads):
+            model, result = train(gcfg, train_tokens, val, cfg.train, device=cfg.run.device, log_path=log_path,
+                                  ckpt_dir=ckpt_dir, resume=resume, eval_cfg=cfg.eval)
     else:
         raise ValueError(f"train.backend must be 'torch' or 'numpy', got {cfg.train.backend!r}")
     info = result.to_dict()
