@@ -32,6 +32,7 @@ from tinystack.atomic import write_json  # noqa: E402
 from tinystack.infer.quant import kernels  # noqa: E402
 from tinystack.infer.quant.formats import FORMATS, quantize  # noqa: E402
 from tinystack.infer.quant.linear import head_format  # noqa: E402
+from tinystack.kernels import quant as quant_kernels  # noqa: E402
 
 
 def llama_shapes(hidden, inter, layers, heads, kv_heads, vocab):
@@ -135,7 +136,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "formats.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    res = {"machine": machine(), "kernel_path": kernels.default_path(), "models": {}}
+    res = {"machine": machine(), "kernel_path": quant_kernels.default_path(), "models": {}}
     for name, shapes in MODELS.items():
         entry = res["models"][name] = {"matrices": len(shapes), "timings": {}}
         for rows in map(int, args.rows.split(",")):

@@ -1,4 +1,4 @@
-"""A SmolLM2-135M fine-tuning step's products: one library call vs rows split over the threads (train/matmul_plan.py).
+"""A SmolLM2-135M fine-tuning step's products: one library call vs rows split over the threads (kernels/matmul_plan.py).
 
 For every large product of a step at `--batch` x 256 tokens in bf16 (each projection's forward x W^T, its input's
 gradient g W and its weight's gradient g^T x; q/k/v and gate/up fused as the trainer runs them), on random

@@ -1,27 +1,31 @@
-"""The fused step (infer/fused_step.py, quant/fused_step.cpp) against the model's own forward over the BatchView:
-same logits and the same keys/values written, for every weight format, GQA, biases, scattered paged blocks, mixed
-contexts, prefill chunks beside decodes and speculative verification rows; greedy generation through it gives the
-tokens of the unfused engine; and a token's logits are the same bits whether it came as a decode or inside a
-verification row (what makes speculative decoding exactly greedy)."""
+"""The fused step (infer/fused_step.py, kernels/quant/fused_step.cpp) against the model's own forward over the
+BatchView: same logits and the same keys/values written, for every weight format, GQA, biases, scattered paged
+blocks, mixed contexts, prefill chunks beside decodes and speculative verification rows; greedy generation through
+it gives the tokens of the unfused engine; a token's logits are the same bits whether it came as a decode or inside
+a verification row (what makes speculative decoding exactly greedy); and a model with an op, a module or a config
+feature the step was not written for is refused (with the reason) and decodes through its own forward."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from infer_helpers import VOCAB, ToyTokenizer, random_prompts
 
 from tinystack.infer import LLM, SamplingParams
+from tinystack.infer.fused_step import SUPPORTS, FusedStep
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.paged_cache import KVStorage
-from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import FORMATS
 from tinystack.infer.quant.linear import quantize_model
 from tinystack.infer.sequence import Sequence
-from tinystack.model.llama import Llama, LlamaConfig
+from tinystack.kernels import quant as quant_kernels
+from tinystack.model.llama import MLP, Llama, LlamaConfig
 from tinystack.sampling_params import SamplingParams as Params
 
-pytestmark = pytest.mark.skipif(kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
+pytestmark = pytest.mark.skipif(quant_kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
 
 
 def _llama(bias: bool, fmt: str, seed: int = 0, rope_scaling: dict | None = None, qk_norm: bool = False) -> Llama:
@@ -155,3 +159,66 @@ def test_greedy_generation_with_and_without_the_fused_step(fmt, rope, qk_norm):
         return [o.token_ids for o in llm.generate(prompts, params)]
 
     assert generate(True) == generate(False)
+
+
+class _GeluMLP(MLP):
+    """An MLP with an op the fused step does not know: GELU where fused_step.cpp computes SiLU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate) * up)
+
+
+@dataclasses.dataclass
+class _WindowConfig(LlamaConfig):
+    sliding_window: int = 8  # a config feature the fused step does not implement
+
+
+@torch.no_grad()
+def test_a_model_with_an_op_the_fused_step_does_not_know_is_refused_and_decodes_through_its_forward():
+    plain, gelu = _llama(False, "float32", seed=11), _llama(False, "float32", seed=11)
+    for block in gelu.model.layers:
+        block.mlp.__class__ = _GeluMLP
+    for m in (plain, gelu):
+        m.fuse_projections()  # as the runner does (_GeluMLP reads the fused gate_up_proj)
+    assert _runner(plain, True).fused is not None  # the same model with SiLU takes the fused step
+    reason = FusedStep.refusal(gelu, KVStorage(3, 8, 4, 2, 16, hugepages=False), torch.device("cpu"))
+    assert reason is not None and "_GeluMLP" in reason
+    starts = [9, 4, 0]
+    runner, _, seqs = _prefilled(gelu, starts, seed=12)
+    assert runner.fused is None
+    got = runner.run([(seq, 1) for seq in seqs])  # one decode step each, through the model's forward
+    for row, (seq, s) in enumerate(zip(seqs, starts)):
+        ids = torch.tensor([seq.token_ids[:s + 1]])
+        torch.testing.assert_close(got[row], gelu(ids)[0][0, -1], rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(got[row], plain(ids)[0][0, -1], atol=1e-3)  # SiLU would have been wrong
+
+
+@torch.no_grad()
+def test_config_features_and_caches_it_was_not_written_for_are_refused(monkeypatch):
+    model = _llama(True, "q8_0", seed=13)
+    model.fuse_projections()
+    storage, cpu = KVStorage(3, 8, 4, 2, 16, hugepages=False), torch.device("cpu")
+    assert FusedStep.refusal(model, storage, cpu) is None
+
+    def refusal(**change) -> str:
+        m = copy.deepcopy(model)
+        config = change.pop("config", None)
+        if config is not None:
+            m.config = config
+        for key, value in change.items():
+            setattr(m.config, key, value)
+        reason = FusedStep.refusal(m, storage, cpu)
+        assert reason is not None and FusedStep.build(m, storage, cpu) is None
+        return reason
+
+    assert "_WindowConfig" in refusal(config=_WindowConfig(**model.config.to_dict()))
+    assert "'gemma'" in refusal(model_type="gemma")
+    assert "'yarn'" in refusal(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    monkeypatch.setitem(SUPPORTS, "config_fields", SUPPORTS["config_fields"] - {"mlp_bias"})
+    assert "mlp_bias" in refusal()
+    monkeypatch.undo()
+    bf16 = KVStorage(3, 8, 4, 2, 16, dtype=torch.bfloat16, hugepages=False)
+    assert "float32 KV cache" in FusedStep.refusal(model, bf16, cpu)
+    unfused = _llama(True, "q8_0", seed=13)
+    assert "not fused" in FusedStep.refusal(unfused, storage, cpu)

@@ -8,6 +8,7 @@ from tinystack.config import InferConfig
 from tinystack.infer.loading import load_for_inference
 from tinystack.infer.quant import auto
 from tinystack.infer.quant.linear import QuantEmbedding, QuantLinear, head_format
+from tinystack.kernels import cpu
 from tinystack.model import GPT, GPTConfig, save_model
 from tinystack.tokenizer import BPETokenizer
 
@@ -73,7 +74,7 @@ def test_the_decision_is_cached_per_model_cpu_and_torch(model_dir, tmp_path, mon
     again = auto.choose_format(model, model_dir, tok, cache_dir=tmp_path, log=lines.append)
     assert again.cached and again.format == first.format and again.ms == first.ms
     assert "cached decision" in lines[-1]
-    monkeypatch.setattr(auto, "cpu_identity", lambda: "another CPU")  # another machine measures again
+    monkeypatch.setattr(cpu, "identity", lambda: "another CPU")  # another machine measures again
     with pytest.raises(AssertionError, match="measured again"):
         auto.choose_format(model, model_dir, tok, cache_dir=tmp_path, log=lines.append)
 

@@ -8,6 +8,7 @@ import torch
 
 from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import dequantize, from_gguf, quantize, to_gguf
+from tinystack.kernels import quant as quant_kernels
 
 NAMES = ("token_embd.weight", "blk.0.attn_q.weight", "blk.3.ffn_down.weight", "blk.29.attn_k.weight")
 
@@ -38,7 +39,7 @@ def test_gguf_tensors_pack_without_requantising(gguf_tensors):
         assert torch.equal(to_gguf(quantize(w, fmt)), raw), name
 
 
-@pytest.mark.parametrize("path", kernels.available_paths())
+@pytest.mark.parametrize("path", quant_kernels.available_paths())
 def test_gguf_packed_weights_multiply_on_every_path(gguf_tensors, path):
     fmt, _, k, raw = gguf_tensors["blk.3.ffn_down.weight"]
     p = from_gguf(raw, fmt, k)

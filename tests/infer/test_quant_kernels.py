@@ -17,9 +17,10 @@ from tinystack.infer.quant.formats import (
     to_gguf,
 )
 from tinystack.infer.quant.linear import QuantEmbedding, QuantLinear, head_format, quantize_model
+from tinystack.kernels import quant as quant_kernels
 
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
-PATHS = kernels.available_paths()
+PATHS = quant_kernels.available_paths()
 
 
 def weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -107,7 +108,7 @@ def test_matmul_matches_the_dequantised_reference(path, fmt, n, k):
 def test_decode_arithmetic_sends_long_inputs_through_the_kernels():
     """dtype="auto" scores quality on a long sequence: it must see decode's int8-activation arithmetic, row by row
     the same as one-row calls, not prefill's float GEMM."""
-    if "cpp" not in kernels.available_paths():
+    if "cpp" not in quant_kernels.available_paths():
         pytest.skip("the C++ extension could not be built here (kernel tests above cover the torch path)")
     p = quantize(weights(40, 96), "q4_1")
     x = torch.randn(kernels.GEMM_MIN_ROWS + 5, 96, generator=torch.Generator().manual_seed(3))
@@ -127,15 +128,15 @@ def test_the_paths_agree_and_the_env_var_forces_one(monkeypatch):
             assert torch.allclose(outs[simd], outs["cpp"], rtol=1e-5, atol=1e-5)
     for path in PATHS:
         monkeypatch.setenv("TINYSTACK_QUANT_KERNEL", path)
-        kernels.default_path.cache_clear()
-        assert kernels.default_path() == path
+        quant_kernels.default_path.cache_clear()
+        assert quant_kernels.default_path() == path
         assert torch.equal(kernels.matmul(x, p), outs[path])
     monkeypatch.setenv("TINYSTACK_QUANT_KERNEL", "fastest")
-    kernels.default_path.cache_clear()
+    quant_kernels.default_path.cache_clear()
     with pytest.raises(ValueError, match="TINYSTACK_QUANT_KERNEL"):
-        kernels.default_path()
+        quant_kernels.default_path()
     monkeypatch.delenv("TINYSTACK_QUANT_KERNEL")
-    kernels.default_path.cache_clear()
+    quant_kernels.default_path.cache_clear()
 
 
 def test_rejects_mismatched_shapes():
@@ -192,19 +193,19 @@ def test_without_a_compiler_the_torch_path_runs_with_one_warning(monkeypatch):
 
     monkeypatch.delenv("TINYSTACK_QUANT_KERNEL", raising=False)
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    kernels.extension.cache_clear()
-    kernels.default_path.cache_clear()
+    quant_kernels.extension.cache_clear()
+    quant_kernels.default_path.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="c\\+\\+: command not found.*torch path") as caught:
-            assert kernels.default_path() == "torch"
+            assert quant_kernels.default_path() == "torch"
         assert len(caught) == 1 and "more detail" not in str(caught[0].message)
         w, x = weights(10, 70), torch.randn(2, 70)
         p = quantize(w, "q4_1")  # the torch packer: same bytes as the C++ one
         assert torch.equal(p.qs, quantize_torch(w, "q4_1").qs)
         assert torch.allclose(kernels.matmul(x, p), x @ dequantize_numpy(p).T, atol=1e-6)
     finally:
-        kernels.extension.cache_clear()
-        kernels.default_path.cache_clear()
+        quant_kernels.extension.cache_clear()
+        quant_kernels.default_path.cache_clear()
 
 
 def test_concurrent_callers_and_many_small_tasks_give_exact_results():
@@ -239,3 +240,34 @@ def test_concurrent_callers_and_many_small_tasks_give_exact_results():
         assert errors == []
     finally:
         torch.set_num_threads(threads_before)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_activations_the_kernels_do_not_take_run_the_reference_in_their_own_dtype(path):
+    """The kernels take float32 CPU activations (kernels.KERNEL_TAKES); float64 ones are refused with the reason and
+    multiplied by the dequantised weight in float64, on every path (the C++ would reject them)."""
+    p = quantize(weights(24, 64), "q8_0")
+    x = torch.randn(3, 64, dtype=torch.float64)
+    assert "float64" in kernels.refusal(x, p) and kernels.refusal(x.float(), p) is None
+    got = kernels.matmul(x, p, path=path)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, x @ dequantize(p, torch.float64).T)
+
+
+class _ScaledLinear(torch.nn.Linear):
+    """A linear layer subclass with an op quantize_model does not know (a scale after the product)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * super().forward(x)
+
+
+@torch.no_grad()
+def test_quantize_model_refuses_linear_subclasses_it_does_not_know():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), _ScaledLinear(64, 32))
+    x = torch.randn(2, 64)
+    want = model(x)
+    report = quantize_model(model, "q8_0")
+    assert report["layers"] == 1 and set(report["refused"]) == {"1"} and "_ScaledLinear" in report["refused"]["1"]
+    assert isinstance(model[0], QuantLinear) and type(model[1]) is _ScaledLinear
+    torch.testing.assert_close(model(x), want, rtol=0.05, atol=0.05)  # the scale kept: q8_0 rounding only

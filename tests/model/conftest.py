@@ -1,6 +1,5 @@
 """Session fixture for the SmolLM2 reference tests: `transformers`' own loading of the packaged GGUF, once
-(~15-20 s on 2 CPU cores; the imported model directory, `smollm2_dir`, is tests/conftest.py's); and `threads`,
-which runs a kernel test with one torch thread and with two (the C++ kernels split their rows over threads)."""
+(~15-20 s on 2 CPU cores; the imported model directory, `smollm2_dir`, is tests/conftest.py's)."""
 from __future__ import annotations
 
 import pytest
@@ -12,16 +11,7 @@ def smollm2_reference(smollm2_gguf):
     """(model, tokenizer) as `transformers` builds them from the GGUF (its dequantisation, its tokenizer)."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    import torch
 
     d, name = str(smollm2_gguf.parent), smollm2_gguf.name
     model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
     return model, transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request):
-    old = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(old)

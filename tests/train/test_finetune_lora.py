@@ -127,7 +127,7 @@ def test_hand_written_backward_equals_autograd(bias, parts, need_x, product, mon
     forward and its backward: the backward must use the forward's B), for one adapter and for a fused layer
     with two of its three parts adapted, with and without the input's gradient (a first layer's), as the C++
     calls (linear_ops.cpp) with the large product in one call and with its rows split over threads (as
-    train/matmul_plan.py may plan it: 80 rows, two blocks of 64 and 16), and as the PyTorch calls used without
+    kernels/matmul_plan.py may plan it: 80 rows, two blocks of 64 and 16), and as the PyTorch calls used without
     a compiler."""
     if product == "PyTorch":
         monkeypatch.setattr(lora_module, "_ops", lambda wc: None)

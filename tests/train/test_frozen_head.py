@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, fused_ops
+from tinystack.kernels import fused_ops
+from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig
 from tinystack.train import frozen_head as fh
 from tinystack.train.cross_entropy import cross_entropy
 from tinystack.train.lora import inject_lora

@@ -1,4 +1,4 @@
-"""LoRA's fused AMX product (train/lora_amx.py, lora_amx.cpp) against the library path it replaces and against
+"""LoRA's fused AMX product (kernels/lora_amx.py, lora_amx.cpp) against the library path it replaces and against
 float64: the tile packing, both directions for one adapter and for fused layers (P r above 32 included), the
 choice between the two ways measured once per shape, and LoRALinear through it: outputs and gradients as
 autograd's own bf16 graph, adapters repacked after an optimiser step, a backward using its own forward's B.
@@ -9,15 +9,16 @@ import pytest
 import torch
 from train_helpers import lora_bf16_paths
 
-from tinystack.train import lora_amx, matmul_plan
+from tinystack.kernels import cpu, lora_amx, matmul_plan
 from tinystack.train.lora import LoRALinear
 
 # where the CPU has AMX the kernels must build and run: a compile error fails here instead of skipping
-pytestmark = pytest.mark.skipif(not lora_amx.cpu_has_amx(), reason="needs a CPU with AMX BF16")
+pytestmark = pytest.mark.skipif(not cpu.has_amx(), reason="needs a CPU with AMX BF16")
 
 
 def test_the_kernels_build_and_run_where_the_cpu_has_amx():
     assert lora_amx.ops() is not None and lora_amx.ops().available()
+    assert lora_amx.refusal(torch.zeros(64, 96, dtype=torch.bfloat16)) is None
 
 
 def _reference_pack(src, trans):

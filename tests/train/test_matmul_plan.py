@@ -1,4 +1,4 @@
-"""train/matmul_plan.py (products planned per shape), linear_ops.cpp's rows_mm, and train/planned_linear.py (the
+"""kernels/matmul_plan.py (products planned per shape), linear_ops.cpp's rows_mm, and train/planned_linear.py (the
 training's linear layers through them), against torch.mm and nn.Linear."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tinystack.train import matmul_plan, planned_linear
+from tinystack.kernels import matmul_plan
+from tinystack.train import planned_linear
 from tinystack.train.planned_linear import PlannedLinear, plan_linears
 
 needs_ops = pytest.mark.skipif(matmul_plan.linear_ops() is None, reason="needs the C++ extension (a C++ compiler)")

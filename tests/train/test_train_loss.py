@@ -1,14 +1,15 @@
 """The training loss: train.cross_entropy against torch's F.cross_entropy on the upcast logits (value and
-gradient, ignored rows, float32, bf16, float64 gradcheck), by the C++ rows (model/fused_ops.cpp) and by blocks of
-rows (across block boundaries); the one ignore index (-100) in every loss path (lm_loss, eval.scoring.token_nll);
-the head run only at positions with a target (loss.target_logits, the models' bool logit_index) gives the same
-loss and gradients."""
+gradient, ignored rows, float32, bf16, float64 gradcheck), by the C++ rows (kernels/cross_entropy_rows.cpp) and
+by blocks of rows (across block boundaries); the one ignore index (-100) in every loss path (lm_loss,
+eval.scoring.token_nll); the head run only at positions with a target (loss.target_logits, the models' bool
+logit_index) gives the same loss and gradients."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tinystack.eval.scoring import token_nll
-from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, fused_ops
+from tinystack.kernels import fused_ops
+from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig
 from tinystack.train import cross_entropy as ce
 from tinystack.train.loss import IGNORE_INDEX, lm_loss, target_logits
 

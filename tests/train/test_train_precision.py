@@ -8,7 +8,8 @@ import torch
 from train_helpers import TINY, cfg, tokens
 
 from tinystack.config import load_config
-from tinystack.model import GPTConfig, fused_attention
+from tinystack.kernels import fused_attention
+from tinystack.model import GPTConfig
 from tinystack.model.attention import causal_attention
 from tinystack.model.gpt import GPT
 from tinystack.train import precision, train
@@ -129,7 +130,7 @@ def test_resume_keeps_the_precision_auto_chose(tmp_path, monkeypatch):
 
 
 def test_attention_runs_in_float32_under_cpu_autocast_and_matches(monkeypatch):
-    # where model/fused_attention's bf16 path does not serve (measured slower, too long, no compiler): flash
+    # where kernels/fused_attention's bf16 path does not serve (measured slower, too long, no compiler): flash
     # attention in float32 (the bf16 path has its own tests: tests/model/test_fused_attention.py)
     monkeypatch.setattr(fused_attention, "serves", lambda q, k: False)
     torch.manual_seed(0)

@@ -15,7 +15,7 @@
                                                    verified in the same forward, rolled back when rejected
               ModelRunner (model_runner.py)        ragged batch -> model over BatchView (paged_cache.py);
                                                    short steps -> FusedStep (fused_step.py: every
-                                                   Llama layer in one C++ call, quant/fused_step.cpp)
+                                                   Llama layer in one C++ call, kernels/quant/fused_step.cpp)
               sample_batch (sampler.py)            per-request penalties / greedy / top-k / top-p / min-p, seeds
               -> TokenDelta / RequestOutput (outputs.py; RequestMetrics: the request's timing points)
 

@@ -3,7 +3,7 @@
     FusedStep.build(model, storage, device) -> FusedStep, or None where this model/cache cannot take it
     fused.run(ids, tables, starts, lengths, index) -> logits [len(index), V]
 
-    ids [N] (rows packed) -> embed_tokens -> x [N, H] --(quant/fused_step.cpp: every layer; each token's K/V
+    ids [N] (rows packed) -> embed_tokens -> x [N, H] --(kernels/quant/fused_step.cpp: every layer; each token's K/V
     written at its slot, then each token attends over its row's keys up to its position, read in place
     through the block table)--> the hidden states at `index` -> norm -> lm_head -> logits
 
@@ -13,11 +13,16 @@ short prefill chunks. One arithmetic for all of them: a token's logits do not de
 decode or inside a verification row, so speculative decoding under greedy sampling gives exactly the tokens of
 plain decoding. Longer steps take the model's own forward over the BatchView (its quantised layers then
 switch to a float GEMM), which is also the reference the fused step is tested against.
-What it takes: a Llama (model/llama.py) with fused projections, linear layers in float32 or in the engine's
-quantised formats (QuantLinear), a float32 KV cache on the CPU, and the C++ extension (quant/kernels.py);
-anything else returns None from build() and every step runs the model's forward.
+What it takes is data (SUPPORTS): model/llama.py's modules exactly (a subclass may compute something else), the
+model types and config fields it was written for, rope scalings the model's own tables express, fused projections,
+linear layers in float32 or in the engine's quantised formats (QuantLinear), float32 norms, a float32 KV cache on
+the CPU and the C++ extension (tinystack/kernels/quant). Anything else is refused: `refusal()` names why, build()
+logs it and returns None, and every step runs the model's forward (the reference), never a silently different one.
 """
 from __future__ import annotations
+
+import dataclasses
+import logging
 
 import torch
 import torch.nn as nn
@@ -26,6 +31,24 @@ from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import BLOCK_FORMATS
 from tinystack.infer.quant.linear import QuantLinear
+from tinystack.kernels import quant as quant_kernels
+from tinystack.model.llama import MLP, Attention, Block, Llama, LlamaConfig, RMSNorm
+
+log = logging.getLogger(__name__)
+
+# What fused_step.cpp computes, as data: a new family, op or config feature is added here (and to the C++) on
+# purpose, never taken by default. Exact module types: a subclass may override a forward the C++ does not follow.
+SUPPORTS = {
+    "modules": {"model": Llama, "config": LlamaConfig, "block": Block, "attention": Attention, "mlp": MLP,
+                "norm": RMSNorm},
+    "model_type": frozenset({"llama", "mistral", "qwen2", "qwen3"}),
+    # the config fields whose every value the C++ follows (attention_bias / mlp_bias: biases passed per linear;
+    # qk_norm: Qwen3's per-head norms; rope_theta / rope_scaling: read through the model's own rope_tables)
+    "config_fields": frozenset({"vocab_size", "hidden_size", "intermediate_size", "n_layer", "n_head", "n_kv_head",
+                                "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+                                "attention_bias", "qk_norm", "mlp_bias", "tie_word_embeddings", "model_type"}),
+    "rope_scaling": frozenset({"default", "linear", "llama3"}),
+}
 
 _F32, _BF16 = -1, 3  # fused_step.cpp's kinds besides the block formats
 _EMPTY = torch.empty(0)
@@ -52,31 +75,59 @@ class FusedStep:
         self.max_positions = model.config.max_position_embeddings
 
     @classmethod
+    def refusal(cls, model: nn.Module, storage: KVStorage, device: torch.device) -> str | None:
+        """Why this model and cache cannot take the fused step (None: they can); see SUPPORTS."""
+        if device.type != "cpu" or storage.k.dtype != torch.float32:
+            return f"needs a float32 KV cache on the CPU (got {storage.k.dtype} on {device.type})"
+        mods = SUPPORTS["modules"]
+        if type(model) is not mods["model"] or type(model.config) is not mods["config"]:
+            return f"written for model/llama.py's Llama, not {type(model).__name__} ({type(model.config).__name__})"
+        cfg = model.config
+        unknown = sorted(f.name for f in dataclasses.fields(cfg) if f.name not in SUPPORTS["config_fields"])
+        if unknown:
+            return f"config fields it does not know: {unknown}"
+        if cfg.model_type not in SUPPORTS["model_type"]:
+            return f"model_type {cfg.model_type!r} is not one of {sorted(SUPPORTS['model_type'])}"
+        if (scaling := (cfg.rope_scaling or {}).get("rope_type", "default")) not in SUPPORTS["rope_scaling"]:
+            return f"rope scaling {scaling!r} is not one of {sorted(SUPPORTS['rope_scaling'])}"
+        if quant_kernels.default_path() == "torch" or quant_kernels.extension() is None:
+            return "the C++ extension is not built (or the torch kernel path is forced)"
+        for i, block in enumerate(model.model.layers):
+            attn, mlp = block.self_attn, block.mlp
+            for name, m, want in (("block", block, "block"), ("self_attn", attn, "attention"), ("mlp", mlp, "mlp")):
+                if type(m) is not mods[want]:
+                    return f"layer {i}: {name} is {type(m).__name__}, not {mods[want].__name__}"
+            if not (attn.fused and mlp.fused):
+                return f"layer {i}: projections not fused (e.g. LoRA wrappers, which fuse_projections leaves)"
+            qk = (attn.q_norm, attn.k_norm) if cfg.qk_norm else ()
+            for norm in (block.input_layernorm, block.post_attention_layernorm, *qk):
+                if type(norm) is not mods["norm"] or norm.weight.dtype != torch.float32:
+                    return f"layer {i}: a norm that is not a float32 RMSNorm ({type(norm).__name__})"
+            for layer in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+                if _linear_parts(layer) is None:
+                    return f"layer {i}: a linear layer it does not run ({type(layer).__name__})"
+        return None
+
+    @classmethod
     def build(cls, model: nn.Module, storage: KVStorage, device: torch.device) -> FusedStep | None:
-        if device.type != "cpu" or storage.k.dtype != torch.float32 or not hasattr(model, "rope_tables"):
-            return None
-        if kernels.default_path() == "torch" or kernels.extension() is None:
+        """The fused step for this model and cache, or None (the reason logged) where refusal() names one."""
+        reason = cls.refusal(model, storage, device)
+        if reason is not None:
+            log.info("fused decode step off: %s", reason)
             return None
         cfg = model.config
         norms, kinds, parts = [], [], []
         for block in model.model.layers:
             attn, mlp = block.self_attn, block.mlp
-            if not (attn.fused and mlp.fused):
-                return None  # e.g. LoRA wrappers, which fuse_projections leaves separate
             qk = (attn.q_norm, attn.k_norm) if cfg.qk_norm else ()  # Qwen3: per-head q/k norms
-            for norm in (block.input_layernorm, block.post_attention_layernorm, *qk):
-                if norm.weight.dtype != torch.float32:
-                    return None
-                norms.append(norm.weight.detach())
+            norms += [norm.weight.detach() for norm in (block.input_layernorm, block.post_attention_layernorm, *qk)]
             for layer in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-                lin = _linear_parts(layer)
-                if lin is None:
-                    return None
-                kinds.append(lin[0])
-                parts += lin[1]
+                kind, tensors = _linear_parts(layer)
+                kinds.append(kind)
+                parts += tensors
         dims = [cfg.n_layer, cfg.hidden_size, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.intermediate_size]
-        path = kernels.PATH_CODES[kernels.default_path()]
-        layers = kernels.extension().FusedLayers(dims, cfg.rms_norm_eps, norms, kinds, parts, path)
+        path = quant_kernels.PATH_CODES[quant_kernels.default_path()]
+        layers = quant_kernels.extension().FusedLayers(dims, cfg.rms_norm_eps, norms, kinds, parts, path)
         return cls(model, layers, storage)
 
     def accepts(self, n_tokens: int) -> bool:

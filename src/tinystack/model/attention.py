@@ -2,7 +2,7 @@
 
     no cache (training, a full forward):  q [B, nh, T, hd], k/v [B, nkv, T, hd]
         -> scaled_dot_product_attention, the causal triangle (grouped-query: nkv may divide nh);
-        under CPU bf16 autocast model/fused_attention's bf16 path where it serves (result bf16),
+        under CPU bf16 autocast kernels/fused_attention's bf16 path where it serves (result bf16),
         else in float32 (see below), the result too
     a cache (the inference engine):      kv_cache.attend(layer, q, k, v) -> y
         the cache stores the new keys/values and attends each query over its own sequence's
@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from tinystack.model import fused_attention
+from tinystack.kernels import fused_attention
 
 
 class KVCache(Protocol):

@@ -150,7 +150,7 @@ class GPT(nn.Module):
         (a prefill needs the last token's logits only; the head is the biggest matmul);
         a bool [B, T] mask instead: logits only where it is True, [K, 1, V] in row-major order
         (training: only the positions with a target, e.g. a chat's assistant tokens).
-        `targets` uses -1 for positions to ignore. Raises ValueError if the positions
+        `targets` uses -100 for positions to ignore. Raises ValueError if the positions
         run past `block_size` (there is no position embedding for them).
         `apply_head=False` returns the head's input (the final norm's output [.., C]) in place of the logits,
         for a loss that applies a frozen head itself (train/frozen_head.py); `targets` is then not allowed.

@@ -11,7 +11,7 @@ checkpoint's safetensors load by name with no renaming. The forward signature an
 KV-cache interface are the GPT's: `forward(idx, targets, kv_cache, positions, logit_index)`.
 `fuse_projections()` turns q/k/v into one qkv_proj and gate/up into one gate_up_proj (model/fused_linear.py:
 same logits, fewer matmuls, state_dict names unchanged); the engine and the trainer call it. Under CPU bf16
-autocast (training) a fused model's norms, rotary + q/k/v split and SwiGLU run as model/fused_ops' C++ passes.
+autocast (training) a fused model's norms, rotary + q/k/v split and SwiGLU run as kernels/fused_ops' C++ passes.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tinystack.model import fused_ops
+from tinystack.kernels import fused_ops
 from tinystack.model.attention import KVCache, causal_attention
 from tinystack.model.fused_linear import fuse_rows
 from tinystack.model.gpt import head_and_loss

@@ -11,14 +11,14 @@ over 200 MB, a large share of a LoRA step. Here each block of rows is upcast whi
 cache, the forward keeps only one log-sum-exp per row, and the backward recomputes the softmax of the block
 and writes the gradient once, in the logits' own dtype: about three passes. Full fine-tuning and LoRA both
 gain; neither needs the float32 copy of the logits. On CPU, for bf16 or float32 logits, the per-row work is one
-C++ loop each way (model/fused_ops.cpp: `logsumexp_rows`, `cross_entropy_grad`): one read of the logits
+C++ loop each way (kernels/cross_entropy_rows.cpp: `logsumexp_rows`, `cross_entropy_grad`): one read of the logits
 forward, one read and one write backward; the blocks below serve the rest (float64, CUDA, no compiler).
 """
 from __future__ import annotations
 
 import torch
 
-from tinystack.model import fused_ops
+from tinystack.kernels import fused_ops
 
 BLOCK_BYTES = 1 << 21  # float32 rows per block: ~2 MiB, so a block stays in L2 between its passes
 
@@ -71,8 +71,7 @@ class _BlockedCrossEntropy(torch.autograd.Function):
 
 
 def _native(logits: torch.Tensor) -> bool:
-    return (logits.device.type == "cpu" and logits.dtype in (torch.bfloat16, torch.float32)
-            and fused_ops.extension() is not None)
+    return fused_ops.loss_rows_serve(logits)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:

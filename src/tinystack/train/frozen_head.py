@@ -9,7 +9,7 @@ path writes all the logits (SmolLM2, 4 x 256 tokens: 50 M of them, 100 MB in bf1
 log-sum-exp, writes a gradient as large and reads it again for the product with W, each a fresh 100 MB the
 kernel must page in. Here the forward takes a block of rows at a time: their logits into one reused buffer
 ([rows, V], ~24 MB), their log-sum-exp and loss, the gradient of those logits written over
-them (model/fused_ops.cpp's row loops, the same as train/cross_entropy.py's) and dloss/dh for the block
+them (kernels/cross_entropy_rows.cpp's row loops, the same as train/cross_entropy.py's) and dloss/dh for the block
 (gradient @ W): the backward is then one multiply by the incoming scalar. Same value and gradient as the head
 followed by train.cross_entropy, computed in the same dtypes (the head's matmul in the compute dtype, the loss in
 float32 or better).
@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import torch
 
-from tinystack.model import fused_ops
-from tinystack.train.cross_entropy import _native  # the C++ rows serve this dtype and device
+from tinystack.kernels import fused_ops
 from tinystack.train.kept_cast import compute_dtype, kept_cast
 
 BLOCK_BYTES = 24 << 20  # logits per block (rows x V x element size), one buffer reused for every block: each
 # product packs W anew, so small blocks pay that many times (2-4 MiB: slower than no blocks at all), while
 # blocks past ~32 MiB fall out of cache between their passes (SmolLM2 in bf16: 256 rows a block)
+
+
+def _native(h: torch.Tensor) -> bool:
+    return fused_ops.loss_rows_serve(h)  # the C++ rows serve this dtype and device
 
 
 class _FrozenHeadCrossEntropy(torch.autograd.Function):

@@ -27,8 +27,8 @@ cost LoRA a large share of its step. Here a group of adapters sharing an input i
     g_xa = g (s B);  grad_x = g W, += g_xa A;  grad_A = g_xa^T x;  grad_B = the diagonal blocks of g^T xa
 
 On CPU each direction is one C++ call: on CPUs with AMX, in bf16, where it measures faster for the shape
-(train/lora_amx.py), all of them fused in one pass over each activation; otherwise linear_ops.cpp's library products
-(the large one, x W^T or g W, spread over the threads as train/matmul_plan.py planned it); without a compiler, or
+(kernels/lora_amx.py), all of them fused in one pass over each activation; otherwise linear_ops.cpp's library products
+(the large one, x W^T or g W, spread over the threads as kernels/matmul_plan.py planned it); without a compiler, or
 traced by torch.compile, the same products from Python. B's gradient is the whole g^T xa [out, P r] of which each
 part keeps its diagonal block (its rows of B only meet its own output rows). W and s B are separate, contiguous
 tensors (docs/train.md: a shared buffer made oneDNN repack W every call). With dropout, or an unfrozen base, the
@@ -50,9 +50,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tinystack.config import FinetuneConfig
-from tinystack.train import lora_amx
+from tinystack.kernels import lora_amx
+from tinystack.kernels.matmul_plan import linear_ops, row_parts
 from tinystack.train.kept_cast import compute_dtype, kept_cast
-from tinystack.train.matmul_plan import linear_ops, row_parts
 
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
 # c_fc; Llama: the rest); the output head and the embeddings stay frozen (tied in most small models).
@@ -105,7 +105,7 @@ def _ops(w: torch.Tensor):
 
 class _ComputeWeights:
     """LoRALinear's cache: the frozen weight in the compute dtype (train/kept_cast.py), a copy of B, and s B spread
-    [out, P r] in the compute dtype; where the fused AMX product can run (train/lora_amx.py), the operands in its
+    [out, P r] in the compute dtype; where the fused AMX product can run (kernels/lora_amx.py), the operands in its
     tile layout (`packed`), and then s B spread is made only if a library product asks for it (the fused product
     never does). A new cache is made each time B or A changes, so what a forward used is still there, unchanged,
     for its backward."""
@@ -158,7 +158,7 @@ class _LoRAProduct(torch.autograd.Function):
         w, sb = ctx.w, ctx.sb
         x_dtype, a_dtype, b_dtype = ctx.dtypes
         need_x = ctx.needs_input_grad[0]  # the first layer's input needs no gradient
-        if ctx.packed is not None:  # the fused product (train/lora_amx.py)
+        if ctx.packed is not None:  # the fused product (kernels/lora_amx.py)
             grad_x, grad_a, grad_b = lora_amx.backward(g.to(w.dtype), ctx.packed, x, xa, need_x,
                                                        ctx.parts.flat_spans, ctx.parts.rank, ctx.scale)
             return (None if grad_x is None else grad_x.to(x_dtype), None, None, grad_a.to(a_dtype),

@@ -1,4 +1,4 @@
-"""The training's linear layers: nn.Linear whose three products run as train/matmul_plan.py planned them.
+"""The training's linear layers: nn.Linear whose three products run as kernels/matmul_plan.py planned them.
 
     plan_linears(model)   every plain nn.Linear of `model` -> a PlannedLinear sharing its parameters (in place;
                           tied weights stay tied, state_dict names and values unchanged); returns how many
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tinystack.kernels.matmul_plan import mm
 from tinystack.train.kept_cast import compute_dtype, kept_cast
-from tinystack.train.matmul_plan import mm
 
 
 class _PlannedProduct(torch.autograd.Function):

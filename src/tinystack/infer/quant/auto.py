@@ -40,6 +40,7 @@ from tinystack.atomic import read_json, write_json
 from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import FORMATS
 from tinystack.infer.quant.linear import QuantLinear, quantize_model
+from tinystack.kernels import cpu
 
 CANDIDATES = ("fp32",) + FORMATS
 PPL_BOUNDS = {"fp32": 0.0, "bf16": 0.01, "q8_0": 0.01, "q4_0": 0.05, "q4_1": 0.05}  # relative perplexity change
@@ -89,26 +90,8 @@ def model_fingerprint(model_dir: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cpu_identity() -> str:
-    """The CPU as far as speed goes: model name, family/model/stepping, instruction flags, core count."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "cpu family", "model", "stepping", "flags") and key not in fields:
-                fields[key] = value.strip()
-    except OSError:
-        import platform
-
-        fields["model name"] = platform.processor() or platform.machine()
-    flags = hashlib.sha256(fields.pop("flags", "").encode()).hexdigest()[:8]
-    return " ".join(fields.get(k, "?") for k in ("model name", "cpu family", "model", "stepping")) + \
-        f" flags:{flags} cores:{os.cpu_count()}"
-
-
 def _cache_key(model_dir: str | Path) -> tuple[str, dict[str, str]]:
-    ident = {"model": model_fingerprint(model_dir), "cpu": cpu_identity(), "torch": torch.__version__,
+    ident = {"model": model_fingerprint(model_dir), "cpu": cpu.identity(), "torch": torch.__version__,
              "version": str(_VERSION)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16], ident
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tinystack.kernels import quant as quant_kernels
+
 BLOCK = 32
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_1")
 BLOCK_FORMATS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}  # the kernel's format codes
@@ -76,9 +78,7 @@ def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
 
 
 def _extension():
-    from tinystack.infer.quant import kernels  # kernels imports this module: imported when first needed
-
-    return kernels.extension() if kernels.default_path() != "torch" else None
+    return quant_kernels.extension() if quant_kernels.default_path() != "torch" else None
 
 
 def quantize(w: torch.Tensor, fmt: str) -> Packed:

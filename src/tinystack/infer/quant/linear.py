@@ -5,6 +5,10 @@
     QuantEmbedding(head)               token lookups served from a tied head's packed weight
     quantize_model(model, "q4_0")      every nn.Linear replaced in place -> report
 
+quantize_model replaces the layer types it knows compute y = x W^T + b (QUANTIZABLE, exact types): a subclass of
+nn.Linear may compute something else, which a QuantLinear would silently drop, so it stays as it is and the report
+names it under "refused".
+
 The output head gets `head_format(fmt)`: Q8_0 for the 4-bit formats (as llama.cpp's own Q4
 files keep it; the head and its tied embedding are the most quantisation-sensitive matrix),
 `fmt` otherwise. A tied head (GPT-2's lm_head = wte, SmolLM's lm_head = embed_tokens) is
@@ -15,6 +19,8 @@ see them; outputs have the input's dtype (the kernels compute in float32).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -22,6 +28,7 @@ from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import FORMATS, Packed, dequantize, quantize
 
 HEAD_NAMES = ("lm_head",)
+QUANTIZABLE = (nn.Linear,)  # exact types whose forward is x W^T + b
 
 
 def head_format(fmt: str) -> str:
@@ -98,19 +105,24 @@ def _weight_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def quantize_model(model: nn.Module, fmt: str) -> dict[str, int | str]:
+def quantize_model(model: nn.Module, fmt: str) -> dict[str, Any]:
     """Replace every nn.Linear of `model` in place by a QuantLinear in `fmt` (the head in head_format(fmt)).
 
-    Returns {"format", "layers", "bytes_before", "bytes_after"}: the linear weights' bytes (plus a tied
-    embedding's, which the packed head replaces)."""
+    Returns {"format", "layers", "bytes_before", "bytes_after", "refused"}: the linear weights' bytes (plus a tied
+    embedding's, which the packed head replaces), and {module name: reason} for linear layers left in float."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
     embeddings = {id(m.weight): (parent, name, m) for parent in model.modules()
                   for name, m in parent.named_children() if isinstance(m, nn.Embedding)}
     before = after = layers = 0
+    refused: dict[str, str] = {}
+    names = {id(m): n for n, m in model.named_modules()}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):
+                continue
+            if type(child) not in QUANTIZABLE:
+                refused[names[id(child)]] = f"{type(child).__name__} is not one of the layer types it quantises"
                 continue
             q = QuantLinear(child, head_format(fmt) if name in HEAD_NAMES else fmt)
             setattr(parent, name, q)
@@ -121,4 +133,4 @@ def quantize_model(model: nn.Module, fmt: str) -> dict[str, int | str]:
             if tied is not None:  # lookups from the packed head; the float table goes
                 eparent, ename, emb = tied
                 setattr(eparent, ename, QuantEmbedding(q, emb.weight.dtype))
-    return {"format": fmt, "layers": layers, "bytes_before": before, "bytes_after": after}
+    return {"format": fmt, "layers": layers, "bytes_before": before, "bytes_after": after, "refused": refused}

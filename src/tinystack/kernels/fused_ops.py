@@ -8,14 +8,16 @@
                                    rotated (model/llama.rotary_table's signed sin), in attention's layout
     swiglu(gu)                     gu bf16 [..., 2 I] = [gate | up] -> bf16 silu(gate) * up
     residual_add(x, y)             x float32 + y bf16 -> float32: the residual stream plus a branch's bf16 output
-    extension().logsumexp_rows / cross_entropy_grad   the training loss's rows (train/cross_entropy.py)
+    loss_rows_serve(t)             whether extension().logsumexp_rows / cross_entropy_grad (the training loss's
+                                   rows: train/cross_entropy.py, train/frozen_head.py) take t: CPU, bf16 or float32
 
 Why: under autocast the matmuls are bf16 but each step between them was several PyTorch ops, each a pass
 over a whole activation in float32 (RMSNorm's backward alone is six). Each function here is one pass
 forward and one backward (fused_ops.cpp), computing in float32 and rounding once where the plain path
-rounds, so gradients match the plain path's to bf16 rounding (tests/model/test_fused_ops.py holds both against
+rounds, so gradients match the plain path's to bf16 rounding (tests/kernels/test_fused_ops.py holds both against
 float64). The outputs are what the next op would cast to anyway: bf16 for the matmuls after the norm and
-SwiGLU, float32 for the float32 attention (model/attention.py).
+SwiGLU, float32 for the float32 attention (model/attention.py). The passes are Llama's (model/llama.py calls
+them, under the conditions it knows); this module is only their C++ and their backwards.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from tinystack import native
+from tinystack.kernels.build import build
 
 _HERE = Path(__file__).parent
 _SOURCES = [_HERE / "fused_ops.cpp", _HERE / "fused_attention.cpp", _HERE / "cross_entropy_rows.cpp"]
@@ -33,8 +35,8 @@ _SOURCES = [_HERE / "fused_ops.cpp", _HERE / "fused_attention.cpp", _HERE / "cro
 @functools.lru_cache(maxsize=1)
 def extension():
     """The compiled kernels, or None (one warning) where no C++ compiler can build them."""
-    return native.build("tinystack_fused_ops", _SOURCES, [_HERE / "fused_ops.h"],
-                        cflags=["-O3", "-fno-trapping-math", "-fopenmp"], ldflags=["-fopenmp"], ops="tinystack_train")
+    return build("tinystack_fused_ops", _SOURCES, [_HERE / "fused_ops.h"],
+                 cflags=["-O3", "-fno-trapping-math", "-fopenmp"], ldflags=["-fopenmp"], ops="tinystack_train")
 
 
 def active(x: torch.Tensor) -> bool:
@@ -44,6 +46,12 @@ def active(x: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and torch.is_autocast_enabled("cpu")
             and torch.get_autocast_dtype("cpu") == torch.bfloat16 and not torch.compiler.is_compiling()
             and extension() is not None)
+
+
+def loss_rows_serve(t: torch.Tensor) -> bool:
+    """Whether the C++ loss rows (logsumexp_rows, cross_entropy_grad) take logits like t: a CPU tensor in bf16 or
+    float32, the extension built; otherwise the caller's torch blocks compute the same."""
+    return t.device.type == "cpu" and t.dtype in (torch.bfloat16, torch.float32) and extension() is not None
 
 
 class _RMSNorm(torch.autograd.Function):

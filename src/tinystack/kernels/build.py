@@ -1,4 +1,5 @@
-"""Building the project's C++ extensions: compiled at first use, cached, or None where they cannot be built.
+"""The one build/load rule of the project's C++ extensions (all under tinystack/kernels/): compiled at first use,
+cached, or None where they cannot be built.
 
     build(name, sources, headers, cflags, ldflags) -> the loaded module, or None with one RuntimeWarning
     build(..., ops="ns")                             -> torch.ops.ns, for sources that register operators

@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from tinystack.model import fused_ops
+from tinystack.kernels import fused_ops
 
 MAX_SAVED_BYTES = 32 * 2**20  # the saved probabilities of one layer call (B H T^2 bf16); longer calls use flash
 _TRIALS = 5  # timed rounds of each path (after one warm-up round), interleaved

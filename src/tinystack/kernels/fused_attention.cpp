@@ -1,4 +1,4 @@
-// Causal self-attention for bf16 training on CPU (model/fused_attention.py), forward and backward.
+// Causal self-attention for bf16 training on CPU (kernels/fused_attention.py), forward and backward.
 //
 //   causal_attention_fwd(q f32 [B, H, T, D], k f32 [B, KV, T, D], v bf16 [B, KV, T, D], scale)
 //        -> o bf16 [B, H, T, D], p bf16 [B KV, G T, T] (the probabilities, kept for the backward),

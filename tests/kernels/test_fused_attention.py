@@ -1,4 +1,4 @@
-"""model/fused_attention (fused_attention.cpp): causal attention and its hand-written backward against float64
+"""kernels/fused_attention (fused_attention.cpp): causal attention and its hand-written backward against float64
 scaled_dot_product_attention, grouped-query and not, at lengths that are not a multiple of the vector width,
 with batches that split evenly over the threads and batches that do not (the two ways the kernel parallelises),
 with one thread and two; the causal mask holds exactly; and when the path serves a call."""
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinystack.model import fused_attention, fused_ops
+from tinystack.kernels import fused_attention, fused_ops
 from tinystack.model.attention import causal_attention
 
 pytestmark = pytest.mark.skipif(fused_ops.extension() is None, reason="needs the C++ extension (a C++ compiler)")

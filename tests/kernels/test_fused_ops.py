@@ -1,4 +1,4 @@
-"""model/fused_ops (fused_ops.cpp): each fused step and its hand-written backward against the same arithmetic in
+"""kernels/fused_ops (fused_ops.cpp): each fused step and its hand-written backward against the same arithmetic in
 float64 autograd, at odd sizes (the vector loops' remainders), GQA and offset positions, with one thread and two;
 a Llama's loss and every gradient under bf16 autocast (with either attention path) as close to float32's as the
 plain PyTorch path's are; and
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinystack.model import fused_attention, fused_ops
+from tinystack.kernels import fused_attention, fused_ops
 from tinystack.model.llama import Llama, LlamaConfig, apply_rotary, rotary_table
 
 pytestmark = pytest.mark.skipif(fused_ops.extension() is None, reason="needs the C++ extension (a C++ compiler)")
@@ -161,7 +161,7 @@ def _loss_and_grads(model: Llama, idx: torch.Tensor, autocast: bool,
 
 @pytest.mark.parametrize("attention", ["fused", "flash"])
 def test_llama_under_bf16_autocast_is_as_close_to_float32_as_the_plain_path(attention, monkeypatch):
-    # the attention path is chosen by timing on the machine (model/fused_attention.serves): both, pinned here
+    # the attention path is chosen by timing on the machine (kernels/fused_attention.serves): both, pinned here
     monkeypatch.setattr(fused_attention, "serves", lambda q, k: attention == "fused" and fused_ops.active(q))
     model = _tiny_llama()
     idx = torch.randint(0, 97, (3, 17))

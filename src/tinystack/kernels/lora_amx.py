@@ -4,17 +4,16 @@ adapters' thin products in one pass over each activation, in each direction.
 Through library calls (linear_ops.cpp) the adapters' six thin products each read an activation from memory
 again; fused, each thread runs all of them on its rows while they are in its cache, the rank update riding along
 as 32 more columns of the large product's K. Used by train/lora.py's `_LoRAProduct` where it applies; elsewhere
-the library calls run as before.
+the library calls run as before. The CPU's AMX is asked of kernels/cpu.py.
 
-    cpu_has_amx()                -> whether the CPU reports AMX BF16
     ops()                        -> the compiled operators where this CPU runs AMX BF16 (and a compiler builds
                                     them), else None; nothing is compiled on a CPU without AMX
     prepare(w, a, b, ..., old, spare)
                                  -> (B's copy, Packed): one LoRALinear's operands for one optimiser step,
                                     Packed in AMX's tile layout (W both ways, reused from `old` when it holds the
                                     same weight copy: packed once per frozen weight; s B and A both ways, written
-                                    over `spare`'s buffers when given), or None where the fused product cannot
-                                    run (not bf16, not CPU, sides not multiples of 32)
+                                    over `spare`'s buffers when given), or None where refusal() names a reason
+    refusal(w)                   -> why the fused product cannot take weight w (None: it can), from SUPPORTS
     takes(x, p, ...)             -> whether this input runs fused: rows a multiple of 32, and the fused product
                                     measured faster than the library calls for its shape (matmul_plan.fastest:
                                     timed once per shape and process, never assumed)
@@ -29,32 +28,27 @@ from pathlib import Path
 
 import torch
 
-from tinystack import native
-from tinystack.train.matmul_plan import fastest, linear_ops, row_parts
+from tinystack.kernels import cpu
+from tinystack.kernels.build import build
+from tinystack.kernels.matmul_plan import fastest, linear_ops, row_parts
 
-CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
 CFLAGS = ["-O3", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
 ALIGN = 32  # rows and both sides of a weight: multiples of this (the kernels' 32 x 32 blocks)
+# What lora_amx.cpp computes, as data: y = x W^T (+ b) + (x A^T)(s B)^T and its backward, for a frozen bf16 W on
+# the CPU whose sides are multiples of ALIGN (input rows too: takes()), on a CPU with AMX BF16, run (not traced).
+# The product's caller (train/lora.py) computes the same through the library calls whenever this refuses.
+SUPPORTS = {"weight_dtype": torch.bfloat16, "device": "cpu", "align": ALIGN, "cpu": "AMX BF16", "traced": False}
 
 _plans: dict[tuple, bool] = {}
 
 
-def cpu_has_amx() -> bool:
-    """Whether the CPU reports AMX BF16 (Linux's /proc/cpuinfo; elsewhere no AMX permission to ask for either)."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return False
-    return all(f in flags for f in CPU_FLAGS)
-
-
 @functools.lru_cache(maxsize=1)
 def ops():
-    if not cpu_has_amx():
+    if not cpu.has_amx():
         return None
     here = Path(__file__).parent
-    built = native.build("tinystack_lora_amx", [here / "lora_amx.cpp"], headers=[here / "amx_tiles.h"],
-                         cflags=CFLAGS, ldflags=["-fopenmp"], ops="tinystack_lora_amx")
+    built = build("tinystack_lora_amx", [here / "lora_amx.cpp"], headers=[here / "amx_tiles.h"],
+                  cflags=CFLAGS, ldflags=["-fopenmp"], ops="tinystack_lora_amx")
     return built if built is not None and built.available() else None
 
 
@@ -71,18 +65,35 @@ class Packed:
 
 def prepare(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, spans: list[int], rank: int,
             old: Packed | None, spare: Packed | None = None) -> tuple[torch.Tensor, Packed] | None:
-    """(a copy of B, Packed) for weight copy w and adapters a, b; None where the fused product cannot run (not
-    bf16, not CPU, sides not multiples of 32, no AMX, or traced by torch.compile). `spare`: an earlier step's
+    """(a copy of B, Packed) for weight copy w and adapters a, b; None where refusal(w) names a reason (not bf16,
+    not CPU, sides not multiples of 32, traced by torch.compile, no AMX). `spare`: an earlier step's
     Packed of the same layer whose buffers are overwritten instead of allocated and cleared afresh (its A and B
     are then gone: a forward that used it and whose backward has not run yet fails loudly in autograd's version
     check, as the forward saves the buffer)."""
-    if (w.dtype != torch.bfloat16 or w.device.type != "cpu" or w.size(0) % ALIGN or w.size(1) % ALIGN
-            or torch.compiler.is_compiling() or (o := ops()) is None):
+    if refusal(w) is not None:
         return None
+    o = ops()
     packed_w = old.w if old is not None and old.weight is w else (o.pack(w, True), o.pack(w, False))
     reuse = (spare.adapters, spare.copies) if spare is not None else (None, None)
     adapters, copies, a_copy, b_copy = o.prepare(a, b, scale, spans, rank, w.size(0), *reuse)
     return b_copy, Packed(w, packed_w, adapters, copies, a_copy)
+
+
+def refusal(w: torch.Tensor) -> str | None:
+    """Why the fused product cannot take frozen weight w [out, in] (None: it can): see SUPPORTS."""
+    if w.dtype != SUPPORTS["weight_dtype"]:
+        return f"weight dtype {w.dtype} (the fused product takes {SUPPORTS['weight_dtype']})"
+    if w.device.type != SUPPORTS["device"]:
+        return f"weight on {w.device.type} (the fused product is CPU code)"
+    if w.dim() != 2 or w.size(0) % ALIGN or w.size(1) % ALIGN:
+        return f"weight shape {tuple(w.shape)}: both sides must be multiples of {ALIGN}"
+    if torch.compiler.is_compiling():
+        return "traced by torch.compile (the C++ operators take no fake tensors)"
+    if not cpu.has_amx():
+        return "this CPU has no AMX BF16"
+    if ops() is None:
+        return "the AMX extension could not be built"
+    return None
 
 
 def takes(x: torch.Tensor, p: Packed | None, sb: Callable[[], torch.Tensor], bias: torch.Tensor | None,

@@ -13,7 +13,7 @@ products' time once per shape (a training step has about a dozen shapes); a spli
     mm(a, b)         -> a @ b the planned way
     plans()          -> {key: parts} planned so far in this process (for tests and benchmarks)
     fastest(ways)    -> the key of the fastest of several ways to do the same work, timed alternating (also
-                        LoRA's choice of its fused AMX product, train/lora_amx.py)
+                        LoRA's choice of its fused AMX product, kernels/lora_amx.py)
 
 Used by the training's linear layers (train/planned_linear.py) and LoRA's product (train/lora.py). One thread,
 a non-CPU tensor, no C++ compiler, or a model under torch.compile (traced, not run): always one library call,
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from tinystack import native
+from tinystack.kernels.build import build
 
 SPLIT_MARGIN = 0.9  # the split is kept only when its median time is below this fraction of one call's
 ROUNDS = 5  # timed calls of each way, alternating, after WARMUP calls each (the library's first calls of a
@@ -40,8 +40,8 @@ _plans: dict[tuple, int] = {}
 
 @functools.lru_cache(maxsize=1)
 def linear_ops():
-    return native.build("tinystack_linear_ops", [Path(__file__).with_name("linear_ops.cpp")],
-                        cflags=["-O3", "-fopenmp"], ldflags=["-fopenmp"], ops="tinystack_linear")
+    return build("tinystack_linear_ops", [Path(__file__).with_name("linear_ops.cpp")],
+                 cflags=["-O3", "-fopenmp"], ldflags=["-fopenmp"], ops="tinystack_linear")
 
 
 def row_parts(a: torch.Tensor, b: torch.Tensor) -> int:

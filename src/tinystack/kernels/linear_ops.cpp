@@ -3,7 +3,7 @@
 //
 //   rows_mm(a [M, K], b [K, N], parts) -> a b: a's rows in `parts` blocks, each block's product one call on a
 //        thread of its own (inside a parallel region the library runs one thread per call), or one library call
-//        when parts <= 1. Which is faster depends on the shape, the library and the machine: train/matmul_plan.py
+//        when parts <= 1. Which is faster depends on the shape, the library and the machine: kernels/matmul_plan.py
 //        measures it and passes `parts`.
 //
 // A step of SmolLM2 runs 120 adapted products; written as PyTorch calls from Python each was ~20 small ops (slices,
