@@ -16,7 +16,7 @@ the NumPy backend that training can use instead of PyTorch):
     observe/    per-request timing points, metrics, structured logs, traces, cost
 
 `tinystack.pipeline` chains them (one stage per layer, in a work directory); `tinystack.cli` is
-the one command line; `tinystack.config` holds every setting; `tinystack.native` builds the C++
+the one command line; `tinystack.config` holds every setting; `tinystack.kernels` builds and loads the C++
 extensions.
 """
 

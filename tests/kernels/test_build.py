@@ -64,3 +64,25 @@ def test_every_cpp_source_ships_from_the_kernels_package():
         assert rel.parts[:2] == ("tinystack", "kernels"), f"{rel}: C++ outside tinystack/kernels"
         package = ".".join(rel.parent.parts)
         assert any(fnmatch.fnmatch(p.name, g) for g in data.get(package, [])), f"{rel} not in package-data"
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_live_one_is_waited_for(tmp_path, monkeypatch):
+    """torch's build lock has no owner: a build killed mid-compile left it and every later load hung. A lock
+    older than STALE_LOCK_S goes (with a warning); a younger one is waited for until its builder removes it."""
+    import os
+    import threading
+
+    monkeypatch.setattr(cpp_extension, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    lock = tmp_path / "lock"
+    lock.touch()
+    old = time.time() - kbuild.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    with pytest.warns(RuntimeWarning, match="left .* by a build that did not finish"):
+        kbuild.wait_for_build_lock("tinystack_test_kernels")
+    assert not lock.exists()
+
+    lock.touch()  # a live build: it finishes (removes its lock) a moment later
+    threading.Timer(0.5, lock.unlink).start()
+    t0 = time.perf_counter()
+    kbuild.wait_for_build_lock("tinystack_test_kernels")
+    assert time.perf_counter() - t0 >= 0.4 and not lock.exists()

@@ -16,11 +16,36 @@ from __future__ import annotations
 import hashlib
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 NOTICE_AFTER_S = 2.0  # a cached library loads in well under this; a compile takes far longer
+STALE_LOCK_S = 600.0  # a build holds its lock for a compile's length; one this old was left by a killed build
+
+
+def wait_for_build_lock(lib: str) -> None:
+    """Wait while another process builds `lib`. torch's build lock is a bare file with no owner and no
+    timeout: a build killed mid-compile (a timed-out test, Ctrl-C) leaves it, and every later load of that
+    library waited forever. A lock older than STALE_LOCK_S is that, and is removed with a warning."""
+    from torch.utils import cpp_extension
+
+    try:
+        lock = Path(cpp_extension._get_build_directory(lib, verbose=False)) / "lock"
+    except Exception:  # the private helper moved: torch's own wait still applies
+        return
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > STALE_LOCK_S:
+            warnings.warn(f"tinystack: removing {lock}, left {age:.0f} s ago by a build that did not finish",
+                          RuntimeWarning, stacklevel=3)
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(0.2)
 
 
 def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cflags: Sequence[str] = (),
@@ -37,6 +62,7 @@ def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cfla
     notice.daemon = True
     notice.start()
     try:
+        wait_for_build_lock(f"{name}_{digest}")
         module = cpp_extension.load(name=f"{name}_{digest}", sources=[str(p) for p in sources],
                                     extra_cflags=list(cflags), extra_ldflags=list(ldflags),
                                     is_python_module=ops is None)
