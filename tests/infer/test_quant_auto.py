@@ -65,7 +65,7 @@ def test_the_decision_is_cached_per_model_cpu_and_torch(model_dir, tmp_path, mon
     lines = []
     first = auto.choose_format(model, model_dir, tok, cache_dir=tmp_path, log=lines.append)
     assert not first.cached and (tmp_path / "weight_formats.json").is_file()
-    assert lines[-1].startswith(f"dtype=auto -> {first.format}:") and "ppl" in lines[-1]
+    assert lines[-1].startswith(f"weight_format=auto -> {first.format}:") and "ppl" in lines[-1]
 
     def must_not_measure(*a, **k):
         raise AssertionError("measured again")

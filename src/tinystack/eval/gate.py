@@ -19,7 +19,7 @@ from tinystack.eval.regression import Case, compare, compare_metrics, run_cases
 
 def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) of a model directory, loaded as inference loads them, so evaluation
-    tokenizes exactly as inference does. In float32, not dtype="auto": the gate scores the trained weights
+    tokenizes exactly as inference does. In float32, not weight_format="auto": the gate scores the trained weights
     themselves, the same on every machine (auto's format is a per-machine speed choice)."""
     from tinystack.infer.loading import load_for_inference
 

@@ -7,7 +7,7 @@
                  avx512 | avx2 | cpp | torch) for short inputs, a float GEMM for long ones; what they take
                  is data (KERNEL_TAKES), anything else runs the torch reference
     linear.py    QuantLinear / QuantEmbedding / quantize_model(model, fmt)
-    auto.py      dtype="auto": time each format's decode matmuls here, check perplexity, pick, cache
+    auto.py      weight_format="auto": time each format's decode matmuls here, check perplexity, pick, cache
 """
 from tinystack.lazy import lazy_exports
 

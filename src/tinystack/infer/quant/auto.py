@@ -1,4 +1,4 @@
-"""dtype="auto": measure every weight format on this machine for this model, keep the fastest accurate one.
+"""weight_format="auto": measure every weight format on this machine for this model, keep the fastest accurate one.
 
     choose_format(model, model_dir, tokenizer) -> Choice   (.format: "fp32" | "bf16" | "q8_0" | "q4_0" | "q4_1")
 
@@ -12,7 +12,7 @@ For each candidate the model is copied and quantised (linear.quantize_model), th
 The fastest candidate whose perplexity is within PPL_BOUNDS of float32's, above or below, wins (float32
 itself always qualifies). No format is preferred by a rule: the choice follows from the measurements,
 so a machine with other caches, bandwidth or instructions may choose differently. Timings taken while
-other programs load the machine are noisy; delete the cache file, or name `dtype`/`quantize`
+other programs load the machine are noisy; delete the cache file, or name a `weight_format`
 explicitly, to override a decision.
 The decision is cached in ~/.cache/tinystack/weight_formats.json (the directory is `CACHE_DIR`),
 keyed by the model's fingerprint, the CPU (model name, family/model/stepping, flags, core
@@ -71,7 +71,7 @@ class Choice:
                                                 if f in self.ppl else " (slower than the choice: not scored)")
                  for f in sorted(self.ms, key=self.ms.__getitem__)]
         how = "cached decision" if self.cached else "measured"
-        return (f"dtype=auto -> {self.format}: fastest within perplexity bounds ({how}; decode matmuls at batch 1 / "
+        return (f"weight_format=auto -> {self.format}: fastest within perplexity bounds ({how}; decode matmuls at batch 1 / "
                 f"perplexity vs fp32 / top-1 agreement over {self.tokens} tokens: {'; '.join(parts)})")
 
 
@@ -183,6 +183,6 @@ def choose_format(model: nn.Module, model_dir: str | Path, tokenizer, cache_dir:
         try:
             write_json(path, cache)
         except OSError as e:  # a read-only home still gets the right format, only measured again next time
-            log(f"dtype=auto: could not cache the decision in {path} ({e})")
+            log(f"weight_format=auto: could not cache the decision in {path} ({e})")
     log(choice.summary())
     return choice

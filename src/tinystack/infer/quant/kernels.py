@@ -14,7 +14,7 @@ dequantised float product by that rounding; the torch path multiplies in float.
 From `GEMM_MIN_ROWS` rows on (long prefill chunks) every path dequantises the weight once and calls the
 float32 GEMM, which is compute-bound there; below it the kernels, reading each weight once for all rows,
 are faster. Inside `with decode_arithmetic():` every row count goes through the kernels, so a long sequence
-is scored with exactly the arithmetic decode uses (dtype="auto" measures quality that way).
+is scored with exactly the arithmetic decode uses (weight_format="auto" measures quality that way).
 What the kernels take is data (KERNEL_TAKES): float32 activations on the CPU, a weight in one of the formats they
 were written for; anything else is refused (`refusal` names why) and runs the reference torch path.
 """
