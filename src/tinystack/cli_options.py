@@ -74,6 +74,7 @@ def check_device(device: str) -> None:
     """A UserError unless torch can use `device` here (e.g. "cuda" on a machine without CUDA)."""
     if device == "cpu":
         return
+    # deferred: only a device other than cpu needs torch; `--help` and config errors must not wait for it
     import torch
 
     try:

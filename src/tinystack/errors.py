@@ -7,6 +7,8 @@ one line and exits with status 2, never a traceback.
 """
 from __future__ import annotations
 
+import importlib
+
 
 class UserError(Exception):
     """An error the user caused and can fix; its message is one line, shown as-is by the CLI."""
@@ -19,7 +21,6 @@ class MissingExtra(UserError):
 def require(module: str, extra: str, feature: str):
     """Import `module` (an optional dependency from the `[extra]` extra) for `feature`, or raise MissingExtra
     saying how to install it: the one way a command that needs an extra reports its absence."""
-    import importlib
 
     try:
         return importlib.import_module(module)

@@ -6,9 +6,10 @@ from typing import Any
 
 def pyplot() -> Any:
     """`matplotlib.pyplot` on the Agg backend (no display; the backend must be chosen before pyplot is imported)."""
+    # deferred: matplotlib only when a figure is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: after the backend is chosen, as matplotlib requires
 
     return plt

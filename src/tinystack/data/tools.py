@@ -17,6 +17,7 @@ from tinystack.atomic import write_json
 from tinystack.config import DataConfig
 from tinystack.data.dedup.near_duplicates import NearDupParams
 from tinystack.data.dedup.near_step import NearDedup
+from tinystack.data.dedup.ray_engine import RayNearDedup
 from tinystack.data.filters.clean import Normalize
 from tinystack.data.filters.quality import QualityParams
 from tinystack.data.io.formats import IDENTITY, FieldMap, write_records
@@ -24,6 +25,7 @@ from tinystack.data.io.readers import read_inputs
 from tinystack.data.io.records import Record
 from tinystack.data.io.rejects import Rejects
 from tinystack.data.io.spool import Spool
+from tinystack.data.pipeline import prepare
 from tinystack.data.steps import StepStats
 from tinystack.progress import track
 
@@ -92,7 +94,6 @@ def dedup_files(inputs: Sequence[str | Path], out_dir: str | Path, params: NearD
     removed_path = out_dir / f"duplicates.{fmt}"
     spool = Spool()  # removed records wait on disk: there can be many
     if engine == "ray":
-        from tinystack.data.dedup.ray_engine import RayNearDedup
 
         step: Any = RayNearDedup(params, exact=True, address=ray_address, on_removed=spool.append)
     else:
@@ -114,7 +115,6 @@ def split_files(inputs: Sequence[str | Path], out_dir: str | Path, config: DataC
                 progress: bool = False) -> dict[str, Any]:
     """Split (by source or time, [data]'s split keys) and remove cross-split near duplicates: `prepare` with
     normalisation only (no length/quality filter, no dedup)."""
-    from tinystack.data.pipeline import prepare
 
     only_split = dataclasses.replace(config, min_chars=0, max_chars=0, quality=False, near_dedup=False)
     return prepare(inputs, out_dir, only_split, progress=progress)

@@ -15,20 +15,21 @@ from tinystack.config import EvalConfig, InferConfig
 from tinystack.eval.case_sets import build_cases
 from tinystack.eval.offline import read_splits, window_metrics
 from tinystack.eval.regression import Case, compare, compare_metrics, run_cases
+from tinystack.infer.chat import chat_formatter
+from tinystack.infer.loading import load_for_inference
+from tinystack.tokenizer import load_tokenizer
 
 
 def load_model_dir(model_dir: Path, device: str = "cpu") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) of a model directory, loaded as inference loads them, so evaluation
     tokenizes exactly as inference does. In float32, not weight_format="auto": the gate scores the trained weights
     themselves, the same on every machine (auto's format is a per-machine speed choice)."""
-    from tinystack.infer.loading import load_for_inference
 
     return load_for_inference(model_dir, InferConfig(weight_format="float32"), device)
 
 
 def build_heldout_cases(model_dir: Path, data_dir: Path, n_cases: int) -> list[Case]:
     """Cases from the val and test splits; the bar is ln(vocab), the loss of a uniform guess."""
-    from tinystack.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model_dir)
     hf = read_json(model_dir / "config.json")  # GPT-2 calls the context n_positions, Llama max_position_embeddings
@@ -76,6 +77,5 @@ def _formatter(model_dir: Path, tokenizer: Any, cases: Sequence[Case]) -> Any:
     """The model directory's chat formatter when a case is a chat case (each model renders with its own)."""
     if not any(c.chat for c in cases):
         return None
-    from tinystack.infer.chat import chat_formatter
 
     return chat_formatter(model_dir, tokenizer)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from tinystack.infer import LLM, SamplingParams
 from tinystack.model.gpt import GPT
 
 
@@ -24,7 +25,6 @@ def complete(model: GPT, tokenizer: Any, prompts: Sequence[str | list[int]], par
              device: str = "cpu") -> list[tuple[str, list[int]]]:
     """Continue every prompt in one batch on one engine; `params`: one SamplingParams for all or one per
     prompt. Returns (text, token ids) of each continuation, in the order of the prompts."""
-    from tinystack.infer import LLM
 
     if not prompts:
         return []
@@ -62,7 +62,6 @@ def generation_checks(model: GPT, tokenizer: Any, prompts: Sequence[str], *, max
 
     A continuation whose repetition rate exceeds `loop_threshold` is flagged as looping.
     """
-    from tinystack.infer import SamplingParams
 
     settings = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": temperature, "top_k": top_k,
                                                             "top_p": top_p}}

@@ -24,6 +24,7 @@ from tinystack.eval.attribution import findings, leakage, source_blame, worst_ca
 from tinystack.eval.neardup import find_near_duplicates
 from tinystack.eval.scoring import context_len, document_ids, score_documents, score_tokens
 from tinystack.eval.slices import split_report
+from tinystack.tokenizer.shards import load_tokens, token_byte_lengths
 
 SPLITS = ("val", "test")
 
@@ -58,7 +59,6 @@ def window_metrics(model: Any, tokenizer: Any, cfg: EvalConfig, *,
                    records: dict[str, list[dict[str, Any]]] | None = None, tok_dir: Path | None = None,
                    device: str = "cpu", progress: bool = True) -> dict[str, Any]:
     """Fixed-window metrics per split, from tok_dir/{split}.bin when present, else from the records."""
-    from tinystack.tokenizer.shards import load_tokens, token_byte_lengths
 
     nbytes = token_byte_lengths(tokenizer)
     results: dict[str, Any] = {}

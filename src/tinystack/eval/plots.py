@@ -8,6 +8,7 @@ import numpy as np
 
 
 def _png(fig: Any) -> bytes:
+    # deferred: matplotlib only when a figure is drawn
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -18,6 +19,7 @@ def _png(fig: Any) -> bytes:
 
 
 def _figure(width: float = 7.0, height: float = 3.6) -> tuple[Any, Any]:
+    # deferred: matplotlib only when a figure is drawn
     from tinystack.plotting import pyplot
 
     plt = pyplot()

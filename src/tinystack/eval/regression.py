@@ -46,6 +46,8 @@ from tinystack.atomic import atomic_open
 from tinystack.config import EvalConfig
 from tinystack.eval.generation import complete, repetition_rate
 from tinystack.eval.scoring import target_nats
+from tinystack.infer import SamplingParams
+from tinystack.infer.chat import encode_chat
 from tinystack.model.gpt import GPT
 
 KINDS = ("exact", "contains", "not_contains", "regex", "max_repetition", "max_loss", "min_logprob")
@@ -117,7 +119,6 @@ def _context(case: Case, tokenizer: Any, formatter: Any) -> list[int]:
         return [tokenizer.eos_token_id, *tokenizer.encode_ordinary(case.prompt)]
     if formatter is None:
         raise ValueError(f"case {case.id} is a chat case: it needs the model directory's chat template")
-    from tinystack.infer.chat import encode_chat
 
     system = [{"role": "system", "content": case.system}] if case.system is not None else []
     history = case.history or []
@@ -161,7 +162,6 @@ def run_cases(model: GPT, tokenizer: Any, cases: Sequence[Case], device: str = "
               formatter: Any = None) -> dict[str, Any]:
     """Every case on one model: loss cases scored one by one, the generation cases greedily in one batch.
     `formatter`: the model's chat formatter (infer.chat.chat_formatter), needed by chat cases."""
-    from tinystack.infer import SamplingParams
 
     gen = [c for c in cases if c.expect not in LOSS_KINDS]
     prompts = [_context(c, tokenizer, formatter) if c.chat else c.prompt for c in gen]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tinystack.atomic import atomic_open, read_json
+from tinystack.eval import plots
 
 ASSETS = "report_files"
 
@@ -52,7 +53,6 @@ def _slice_rows(slices: dict[str, dict[str, Any]], limit: int = 25) -> list[list
 
 def build_sections(workdir: Path) -> list[Section]:
     """Everything the report shows, from the files a run leaves in `workdir`."""
-    from tinystack.eval import plots
 
     ev = read_json(workdir / "eval.json") if (workdir / "eval.json").is_file() else {}
     sections = [Section("Findings", text=ev.get("findings") or ["No per-document evaluation (no data directory)."]),

@@ -10,6 +10,11 @@ from pathlib import Path
 import torch
 
 from tinystack.config import InferConfig
+from tinystack.infer.numpy_backend import load_numpy_model
+from tinystack.infer.quant.auto import choose_format
+from tinystack.infer.quant.linear import quantize_model
+from tinystack.model.io import load_model
+from tinystack.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # weight formats that are a whole-model dtype
 
@@ -23,23 +28,18 @@ def load_for_inference(model_dir: str | Path, config: InferConfig | None = None,
     weight_format "auto" (CPU): the format measured fastest within the perplexity bounds on this machine
     (infer.quant.auto, cached per model/CPU/torch; float32 elsewhere); float32 / bfloat16: the whole model in
     that dtype; bf16 / q8_0 / q4_0 / q4_1: float32 activations with the linear weights in that format."""
-    from tinystack.model.io import load_model
-    from tinystack.tokenizer import load_tokenizer
 
     config = config or InferConfig()
     fmt = config.weight_format
     tok = (load_tokenizer(model_dir) if tokenizer else None) if isinstance(tokenizer, bool) else tokenizer
     if config.runtime == "numpy":
-        from tinystack.infer.numpy_backend import load_numpy_model
 
         return load_numpy_model(model_dir), tok
     model = load_model(model_dir, device=device, dtype=DTYPES.get(fmt, torch.float32))
     if fmt == "auto" and torch.device(device).type == "cpu":
-        from tinystack.infer.quant.auto import choose_format
 
         fmt = choose_format(model, model_dir, tok or load_tokenizer(model_dir)).quantize or "float32"
     if fmt not in DTYPES and fmt != "auto":
-        from tinystack.infer.quant.linear import quantize_model
 
         quantize_model(model, fmt)
     return model, tok

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tinystack.nn.gpt_io import load_numpy_gpt
+
 
 class NumpyGPTAdapter(torch.nn.Module):
     needs_full_sequence = True
@@ -31,8 +33,4 @@ class NumpyGPTAdapter(torch.nn.Module):
 
 
 def load_numpy_model(model_dir: str | Path) -> NumpyGPTAdapter:
-    try:
-        from tinystack.nn.gpt_io import load_numpy_gpt
-    except ImportError as e:  # pragma: no cover - depends on issue 4 being present
-        raise NotImplementedError(f"backend='numpy' needs tinystack.nn.gpt_io.load_numpy_gpt ({e})") from e
     return NumpyGPTAdapter(load_numpy_gpt(model_dir))

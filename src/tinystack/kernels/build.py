@@ -29,6 +29,7 @@ def wait_for_build_lock(lib: str) -> None:
     """Wait while another process builds `lib`. torch's build lock is a bare file with no owner and no
     timeout: a build killed mid-compile (a timed-out test, Ctrl-C) leaves it, and every later load of that
     library waited forever. A lock older than STALE_LOCK_S is that, and is removed with a warning."""
+    # deferred: the compiler toolchain's module only when a kernel is built or loaded
     from torch.utils import cpp_extension
 
     try:
@@ -52,7 +53,10 @@ def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cfla
           ldflags: Sequence[str] = (), ops: str | None = None):
     """The compiled module `name` (with `ops`, the operator namespace it registers), or None (with one warning
     naming the cause) when it cannot be built."""
+    # deferred: the compiler toolchain's module only when a kernel is built or loaded
     import torch
+
+    # deferred: the compiler toolchain's module only when a kernel is built or loaded
     from torch.utils import cpp_extension
 
     digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in [*sources, *headers])).hexdigest()[:10]

@@ -199,6 +199,7 @@ SUPPORTED_TYPES = tuple(name for name, *_ in _TYPES.values())
 
 def type_name(ggml_type: int) -> str:
     try:
+        # deferred: gguf only when a GGUF file is read
         from gguf import GGMLQuantizationType
 
         return GGMLQuantizationType(int(ggml_type)).name

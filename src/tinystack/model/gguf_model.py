@@ -86,7 +86,7 @@ def open_reader(path: Path):
     merges, and each slice of numpy's memmap subclass runs Python hooks (__array_finalize__, __getitem__): those
     hooks were most of the open (BENCHMARKS.md, Model import). So the reader is given a plain ndarray view of the
     same mapping (no copy; read-only)."""
-    from gguf import GGUFReader  # imported here: a few hundred ms, paid only by GGUF imports
+    from gguf import GGUFReader  # deferred: a few hundred ms, paid only by GGUF imports
 
     class PlainViewReader(GGUFReader):
         @property

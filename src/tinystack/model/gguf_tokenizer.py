@@ -52,6 +52,7 @@ def _byte_alphabet() -> dict[int, str]:
 
 def build_tokenizer(meta: Callable[[str, Any], Any]) -> tuple[Any, dict[str, Any]]:
     """`meta(key, default)` reads GGUF metadata -> (tokenizers.Tokenizer, tokenizer_config.json dict)."""
+    # deferred: the Rust tokenizer only for a GGUF's vocabulary
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     kind = meta("tokenizer.ggml.model", None)

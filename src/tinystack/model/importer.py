@@ -28,7 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
+
 from tinystack.atomic import atomic_dir, read_json, write_json
+from tinystack.model.generation_config import sampling_defaults
+from tinystack.model.gguf_model import GGUFModel
+from tinystack.model.gguf_tokenizer import build_tokenizer
 from tinystack.model.io import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -42,6 +47,8 @@ from tinystack.model.io import (
     load_model,
     save_model,
 )
+from tinystack.model.stream_safetensors import write_streaming
+from tinystack.tokenizer import load_tokenizer
 
 # a GGUF's recommended sampling (general.sampling.*, from the model's generation_config by llama.cpp's converter)
 # -> generation_config.json, where the server and `generate` read a model's sampling defaults
@@ -108,10 +115,6 @@ def _check_out(out: Path) -> None:
 
 
 def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
-    from tinystack.model.generation_config import sampling_defaults
-    from tinystack.model.gguf_model import GGUFModel
-    from tinystack.model.gguf_tokenizer import build_tokenizer
-    from tinystack.model.stream_safetensors import write_streaming
 
     g = GGUFModel(path)
     tok, tok_config = build_tokenizer(g.metadata)  # before the weights: a bad tokenizer fails fast
@@ -140,9 +143,7 @@ def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
 
 
 def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
-    from safetensors.torch import save_file
 
-    from tinystack.model.generation_config import sampling_defaults
 
     if not (src / CONFIG_FILE).is_file():
         raise ModelFormatError(f"{src}: missing {CONFIG_FILE} (not a Hugging Face model directory)")
@@ -183,7 +184,6 @@ def _hf_dir(src: Path, tmp: Path) -> dict[str, Any]:
 
 def import_model(source: str | Path, out: str | Path) -> dict[str, Any]:
     """Import SOURCE (see the module docstring) into the model directory `out`; returns its lineage."""
-    from tinystack.tokenizer import load_tokenizer
 
     out = Path(out)
     path, name = resolve_source(source)

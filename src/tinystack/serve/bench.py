@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 import httpx
 
+from tinystack.atomic import atomic_open
+
 
 @dataclass
 class Result:
@@ -156,11 +158,11 @@ def breakdown_line(row: dict[str, Any]) -> str:
 
 def plot_percentiles(rows: list[dict[str, Any]], path: Any, title: str = "") -> None:
     """PNG: e2e and TTFT latency p50/p90/p99 against concurrency, one colour per mode (rows' "mode", if any)."""
+    # deferred: matplotlib only when a figure is drawn
     from tinystack.plotting import pyplot
 
     plt = pyplot()
 
-    from tinystack.atomic import atomic_open
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     modes = list(dict.fromkeys(r.get("mode", "") for r in rows))

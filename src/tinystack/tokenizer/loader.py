@@ -68,6 +68,7 @@ class Tokenizer:
         (infer.chat.encode_chat). A second tokenizer object rather than flipping the flag: encodes run on
         several threads."""
         if self._special is None:
+            # deferred: the Rust tokenizer only for a tokenizer.json our BPE does not cover
             from tokenizers import Tokenizer as HFTokenizer
 
             self._special = HFTokenizer.from_str(self._tok.to_str())
@@ -122,6 +123,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """The tokenizer of a model or tokenizer directory (DIR/tokenizer.json), or of the file itself.
 
     Raises FileNotFoundError when there is no tokenizer.json."""
+    # deferred: the Rust tokenizer only for a tokenizer.json our BPE does not cover
     from tokenizers import Tokenizer as HFTokenizer
 
     path = Path(path)

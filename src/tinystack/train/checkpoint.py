@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tinystack.atomic import atomic_dir
+import torch
+
+from tinystack.atomic import atomic_dir, atomic_open
 from tinystack.model.gpt import GPT
 from tinystack.model.io import save_model
 
@@ -33,9 +35,7 @@ LAST, BEST = "last.pt", "best.pt"
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """torch.save `state` to a temp file beside `path`, then rename: a crash keeps the previous file."""
-    import torch
 
-    from tinystack.atomic import atomic_open
 
     with atomic_open(path, "wb") as f:
         torch.save(state, f)
@@ -44,6 +44,5 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint written by `save_checkpoint` (tensors, numbers, strings and dicts only)."""
-    import torch
 
     return torch.load(path, map_location="cpu", weights_only=True)

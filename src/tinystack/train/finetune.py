@@ -22,14 +22,35 @@ held-out conversations for `tinystack eval regress --model OUT --baseline BASE -
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from tinystack.atomic import read_json, write_json
+from tinystack.atomic import file_sha256, read_json, write_json
 from tinystack.config import Config, FinetuneConfig
+from tinystack.data.io.records import write_jsonl
+from tinystack.data.io.rejects import Rejects
+from tinystack.eval.case_sets import build_chat_cases
+from tinystack.eval.regression import write_cases
+from tinystack.eval.scoring import score_batches
+from tinystack.eval.threads import torch_threads
+from tinystack.infer.chat import chat_formatter
+from tinystack.model.io import load_model, read_lineage
+from tinystack.progress import console
+from tinystack.tokenizer import load_tokenizer
+from tinystack.train.checkpoint import save_model_dir
+from tinystack.train.distributed import is_main_process
+from tinystack.train.finetune_batches import ConversationBatches, encode_conversation, fixed_batches
+from tinystack.train.finetune_data import prepare_conversations
+from tinystack.train.loop import train_model
+from tinystack.train.lora import inject_lora, merge_lora
+from tinystack.train.planned_linear import plan_linears
+from tinystack.train.plot import plot_loss_curve
+from tinystack.train.precision import autocast
 
 # tokenizer and chat files a model directory may carry; the fine-tuned directory keeps the base's
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
@@ -41,9 +62,6 @@ def build_model(base_dir: Path, ft: FinetuneConfig) -> torch.nn.Module:
     function from fewer, larger matmuls; saved under the original names), with LoRA adapters (the rest frozen)
     when ft.lora > 0: one per targeted original projection; its linear layers' products planned per shape
     (train/planned_linear.py: the same products, each spread over the threads the way measured fastest)."""
-    from tinystack.model.io import load_model
-    from tinystack.train.lora import inject_lora
-    from tinystack.train.planned_linear import plan_linears
 
     model = load_model(base_dir)
     if hasattr(model, "fuse_projections"):
@@ -77,9 +95,7 @@ def _context(base_dir: Path) -> int:
 
 def encode_split(records: list[Any], formatter: Any, tokenizer: Any, max_len: int, rejects: Any) -> list[Any]:
     """Examples of the records; the ones that cannot be encoded go to `rejects` with their line."""
-    import json
 
-    from tinystack.train.finetune_batches import encode_conversation
 
     out = []
     for r in records:
@@ -98,21 +114,6 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     """Fine-tune `base_dir` on `data_path`, write the model directory `out_dir`; returns the report. Reads
     [finetune] (sequence length, LoRA), [train] (steps, optimiser, precision: `tinystack finetune` starts it
     from config.FINETUNE_DEFAULTS), [data] (held-out share, dedup), [eval] (regression cases) and run.device."""
-    from tinystack.atomic import file_sha256
-    from tinystack.data.io.records import write_jsonl
-    from tinystack.data.io.rejects import Rejects
-    from tinystack.eval.regression import write_cases
-    from tinystack.eval.threads import torch_threads
-    from tinystack.infer.chat import chat_formatter
-    from tinystack.model.io import read_lineage
-    from tinystack.progress import console
-    from tinystack.tokenizer import load_tokenizer
-    from tinystack.train.checkpoint import save_model_dir
-    from tinystack.train.distributed import is_main_process
-    from tinystack.train.finetune_batches import ConversationBatches, fixed_batches
-    from tinystack.train.finetune_data import prepare_conversations
-    from tinystack.train.loop import train_model
-    from tinystack.train.lora import merge_lora
 
     base_dir, out_dir, ft = Path(base_dir), Path(out_dir), cfg.finetune
     if not (base_dir / "config.json").is_file():
@@ -169,7 +170,6 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     else:  # no held-out conversation: no set (not an earlier run's)
         (work / "regression.jsonl").unlink(missing_ok=True)
     if tcfg.plot:
-        from tinystack.train.plot import plot_loss_curve
 
         plot_loss_curve(work / "log.jsonl", work / "loss.png", title=f"{out_dir.name}: fine-tuning loss")
     console.print(f"finetune[{report['method']}]: {trainable:,} trainable parameters, {result.steps} steps in "
@@ -191,9 +191,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
 def heldout_cases(records: list[Any], tokenizer: Any, n_cases: int, max_len: int) -> list[Any]:
     """The regression gate's cases from the held-out conversations: each one's first answer after its user
     message, scored as the chat is served (eval.case_sets.build_chat_cases; the bar: a uniform guess)."""
-    import math
 
-    from tinystack.eval.case_sets import build_chat_cases
 
     conversations = [(str(r.id if r.id is not None else (r.origin[1] if r.origin else i)), r.extra["messages"])
                      for i, r in enumerate(records)]
@@ -205,9 +203,6 @@ def heldout_comparison(model: torch.nn.Module, base_dir: Path, val_batches: Any,
                        n: int) -> dict[str, Any]:
     """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches: the one
     scoring function (eval.scoring.score_batches), in the training precision."""
-    from tinystack.eval.scoring import score_batches
-    from tinystack.model.io import load_model
-    from tinystack.train.precision import autocast
 
     if not val_batches:
         return {"conversations": 0, "assistant_tokens": 0, "base_loss": None, "finetuned_loss": None, "delta": None}

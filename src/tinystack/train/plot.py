@@ -14,6 +14,7 @@ def read_log(log_path: str | Path) -> list[dict]:
 
 def plot_loss_curve(log_path: str | Path, png_path: str | Path, title: str = "training loss") -> Path:
     """Write `png_path` (atomically). Needs matplotlib (Agg backend, no display)."""
+    # deferred: matplotlib only when a figure is drawn
     from tinystack.plotting import pyplot
 
     plt = pyplot()

@@ -26,7 +26,11 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
+from tinystack.data.filters.clean import normalize_text
+from tinystack.data.filters.ngram_lm import PerplexityFilter
+from tinystack.data.io.readers import read_inputs
 from tinystack.data.io.records import Record
+from tinystack.data.io.rejects import Rejects
 from tinystack.data.steps import Step
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
@@ -200,15 +204,11 @@ class QualityParams:
         if self.repetition:
             out.append(RepetitionFilter())
         if self.perplexity_reference:
-            from tinystack.data.filters.ngram_lm import PerplexityFilter
 
             out.append(PerplexityFilter(self.reference_texts(), self.perplexity_percentile, self.perplexity_order))
         return out
 
     def reference_texts(self) -> list[str]:
-        from tinystack.data.filters.clean import normalize_text
-        from tinystack.data.io.readers import read_inputs
-        from tinystack.data.io.rejects import Rejects
 
         texts, budget = [], self.perplexity_max_chars
         for r in read_inputs(list(self.perplexity_reference), Rejects()):

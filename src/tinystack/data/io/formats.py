@@ -102,6 +102,7 @@ def read_csv(path: str | Path, rejects: Rejects, *, fields: FieldMap = IDENTITY)
 
 def read_parquet(path: str | Path, rejects: Rejects, *, fields: FieldMap = IDENTITY) -> Iterator[Record]:
     """Yield one record per Parquet row, streaming record batches."""
+    # deferred: pyarrow only for Parquet files (a heavy import most runs never need)
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -136,7 +137,10 @@ def _from_parquet_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def write_parquet(path: str | Path, records: Iterable[Record]) -> int:
     """Atomically write records to Parquet in row groups of `PARQUET_BATCH`; return the count."""
+    # deferred: pyarrow only for Parquet files (a heavy import most runs never need)
     import pyarrow as pa
+
+    # deferred: pyarrow only for Parquet files (a heavy import most runs never need)
     import pyarrow.parquet as pq
 
     schema = pa.schema([("text", pa.string()), ("source", pa.string()), ("label", pa.string()),

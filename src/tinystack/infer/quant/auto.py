@@ -71,8 +71,8 @@ class Choice:
                                                 if f in self.ppl else " (slower than the choice: not scored)")
                  for f in sorted(self.ms, key=self.ms.__getitem__)]
         how = "cached decision" if self.cached else "measured"
-        return (f"weight_format=auto -> {self.format}: fastest within perplexity bounds ({how}; decode matmuls at batch 1 / "
-                f"perplexity vs fp32 / top-1 agreement over {self.tokens} tokens: {'; '.join(parts)})")
+        return (f"weight_format=auto -> {self.format}: fastest within perplexity bounds ({how}; decode matmuls at "
+                f"batch 1 / perplexity vs fp32 / top-1 agreement over {self.tokens} tokens: {'; '.join(parts)})")
 
 
 def model_fingerprint(model_dir: str | Path) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tinystack.kernels import quant as quant_kernels
+from tinystack.model.gguf_dequant import dequantize as gguf_dequantize
 
 BLOCK = 32
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_1")
@@ -130,7 +131,6 @@ def dequantize(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 def dequantize_numpy(p: Packed, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """dequantize() without the extension: the GGUF blocks through the model importer's NumPy dequantiser
     (tinystack.model.gguf_dequant, bit-identical to ggml's)."""
-    from tinystack.model.gguf_dequant import dequantize as gguf_dequantize
 
     blocks = to_gguf(p).cpu().numpy()
     w = gguf_dequantize(blocks, GGML_TYPES[p.fmt], (p.out_features, blocks.shape[1] // GGUF_BLOCK_BYTES[p.fmt] * BLOCK))

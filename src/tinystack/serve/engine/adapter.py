@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tinystack.config import InferConfig
+from tinystack.infer import AsyncEngine
 from tinystack.observe.usage import SequenceUsage
 from tinystack.sampling_params import SamplingParams
 
@@ -108,7 +109,6 @@ def load_engine(model_dir: str | Path, cfg: InferConfig, device: str = "cpu") ->
     memory budget, scheduler: continuous batching of up to max_num_seqs sequences, or the dynamic batcher's
     batches of max_num_seqs; max_num_seqs=1 is no batching), its set-up printed on stderr. Returns once the
     KV cache's first pages are in memory, so the first requests served do not wait for them."""
-    from tinystack.infer import AsyncEngine
 
     engine = AsyncEngine.from_dir(model_dir, cfg, device)
     print(engine.engine.describe(), file=sys.stderr, flush=True)

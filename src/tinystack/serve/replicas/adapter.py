@@ -46,6 +46,7 @@ from tinystack.serve.engine.adapter import (
 )
 from tinystack.serve.replicas.registry import live_routers
 from tinystack.serve.replicas.routing import prompt_block_hashes
+from tinystack.tokenizer import load_tokenizer
 
 logger = logging.getLogger("tinystack.serve")
 RETRY_PAUSE_S = 0.2  # before sending a request again: Serve needs a moment to drop a dead replica
@@ -63,7 +64,6 @@ def _lost_replica(e: BaseException) -> bool:
 
 class ReplicaAdapter:
     def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str, retries: int = 3) -> None:
-        from tinystack.tokenizer import load_tokenizer
 
         self.handle = handle
         self._streaming: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()

@@ -25,9 +25,13 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator
 
+import torch
+
+from tinystack.config import InferConfig
 from tinystack.observe.usage import SequenceUsage
 from tinystack.sampling_params import SamplingParams
-from tinystack.serve.engine.adapter import EngineDead, RequestRejected
+from tinystack.serve.engine.adapter import EngineDead, RequestRejected, load_engine
+from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
 
 MAX_REPORTED_BLOCKS = 8192  # cached block hashes sent with the routing stats (bounded: they travel often)
 
@@ -43,12 +47,8 @@ def _replica_id() -> str:
 
 class EngineReplica:
     def __init__(self, model_dir: str, infer: dict[str, Any], device: str = "cpu", threads: int = 0) -> None:
-        from tinystack.config import InferConfig
-        from tinystack.serve.engine.adapter import load_engine
-        from tinystack.serve.engine.async_adapter import AsyncEngineAdapter
 
         if threads > 0:  # Ray reserves `threads` CPUs for this replica; torch must not use every core
-            import torch
 
             torch.set_num_threads(threads)
         self.model_dir = model_dir
