@@ -10,7 +10,7 @@ pipeline gives. Errors the user can fix print one line and exit with status 2, n
 a traceback (set TINYSTACK_DEBUG=1 to see one): USER_ERRORS below.
 
 The command modules (`<layer>/commands.py`, `<layer>/stage.py`, `pipeline.py`, this file) import what a
-command runs inside the command: `tinystack --help`, a command's flags and its one-line errors never load
+command runs inside the command: the help, a command's flags and its one-line errors never load
 torch or a model. Everywhere else an import inside a function says what it defers (tests/test_imports.py).
 """
 from __future__ import annotations
