@@ -55,8 +55,10 @@ class SamplingParams:
                          model_default=True, ge=0.0, le=1.0)
     stop: tuple[str, ...] = ()  # stop strings: generation ends before the first one (not included in text)
     stop_token_ids: tuple[int, ...] = ()  # like EOS: ends generation, not included in the output
+    # [0.01, 10], not vLLM's "> 0": a penalty near 0 divides a logit into inf and the draw fails (the fuzz test
+    # found 1e-323 turning into NaN probabilities and engine failures)
     repetition_penalty: float = _knob(float, 1.0, "Divides seen tokens' positive logits (multiplies negative "
-                                      "ones); 1 = off.", model_default=True, gt=0.0)
+                                      "ones); 1 = off.", model_default=True, ge=0.01, le=10.0)
     presence_penalty: float = _knob(float, 0.0, "Subtracted from the logit of every token already generated.",
                                     ge=-2.0, le=2.0)
     frequency_penalty: float = _knob(float, 0.0, "Subtracted from a token's logit once per time it was generated.",

@@ -34,7 +34,7 @@ def test_no_file_none_or_null_values_give_no_defaults(tmp_path):
     ({"top_p": 0}, "top_p must be in (0.0, 1.0], got 0"),
     ({"top_k": 2.5}, "top_k must be a number (whole), got 2.5"),
     ({"top_k": -2}, "top_k must be >= -1, got -2"),
-    ({"repetition_penalty": 0}, "repetition_penalty must be > 0.0, got 0"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be in [0.01, 10.0], got 0"),
     ("[1, 2]", "expected a JSON object"),
     ("{not json", "cannot read it"),
 ])
