@@ -94,7 +94,6 @@ def dedup_files(inputs: Sequence[str | Path], out_dir: str | Path, params: NearD
     removed_path = out_dir / f"duplicates.{fmt}"
     spool = Spool()  # removed records wait on disk: there can be many
     if engine == "ray":
-
         step: Any = RayNearDedup(params, exact=True, address=ray_address, on_removed=spool.append)
     else:
         step = NearDedup(params, exact=True, workers=workers, on_removed=spool.append)

@@ -62,7 +62,6 @@ def kv_cache_speedup(model: torch.nn.Module | str | Path, *, prompt_tokens: int 
     """Time both on one random prompt; tokens/s of each and the speed-up. Raises ValueError if the prompt
     and the new tokens do not fit the model's context, AssertionError if the two decodes disagree."""
     if isinstance(model, (str, Path)):
-
         model = load_model(model, device=device)
     model.eval()
     cfg = model.config

@@ -28,18 +28,14 @@ def load_for_inference(model_dir: str | Path, config: InferConfig | None = None,
     weight_format "auto" (CPU): the format measured fastest within the perplexity bounds on this machine
     (infer.quant.auto, cached per model/CPU/torch; float32 elsewhere); float32 / bfloat16: the whole model in
     that dtype; bf16 / q8_0 / q4_0 / q4_1: float32 activations with the linear weights in that format."""
-
     config = config or InferConfig()
     fmt = config.weight_format
     tok = (load_tokenizer(model_dir) if tokenizer else None) if isinstance(tokenizer, bool) else tokenizer
     if config.runtime == "numpy":
-
         return load_numpy_model(model_dir), tok
     model = load_model(model_dir, device=device, dtype=DTYPES.get(fmt, torch.float32))
     if fmt == "auto" and torch.device(device).type == "cpu":
-
         fmt = choose_format(model, model_dir, tok or load_tokenizer(model_dir)).quantize or "float32"
     if fmt not in DTYPES and fmt != "auto":
-
         quantize_model(model, fmt)
     return model, tok

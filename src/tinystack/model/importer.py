@@ -115,7 +115,6 @@ def _check_out(out: Path) -> None:
 
 
 def _gguf(path: Path, tmp: Path) -> dict[str, Any]:
-
     g = GGUFModel(path)
     tok, tok_config = build_tokenizer(g.metadata)  # before the weights: a bad tokenizer fails fast
     if (n_tok := tok.get_vocab_size(with_added_tokens=True)) > g.config.vocab_size:

@@ -170,7 +170,6 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     else:  # no held-out conversation: no set (not an earlier run's)
         (work / "regression.jsonl").unlink(missing_ok=True)
     if tcfg.plot:
-
         plot_loss_curve(work / "log.jsonl", work / "loss.png", title=f"{out_dir.name}: fine-tuning loss")
     console.print(f"finetune[{report['method']}]: {trainable:,} trainable parameters, {result.steps} steps in "
                   f"{result.wall_s:.1f}s, {result.tokens_per_s:,.0f} tokens/s -> {out_dir}")

@@ -204,12 +204,10 @@ class QualityParams:
         if self.repetition:
             out.append(RepetitionFilter())
         if self.perplexity_reference:
-
             out.append(PerplexityFilter(self.reference_texts(), self.perplexity_percentile, self.perplexity_order))
         return out
 
     def reference_texts(self) -> list[str]:
-
         texts, budget = [], self.perplexity_max_chars
         for r in read_inputs(list(self.perplexity_reference), Rejects()):
             texts.append(normalize_text(r.text))

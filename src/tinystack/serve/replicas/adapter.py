@@ -64,7 +64,6 @@ def _lost_replica(e: BaseException) -> bool:
 
 class ReplicaAdapter:
     def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str, retries: int = 3) -> None:
-
         self.handle = handle
         self._streaming: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self.app_name = app_name

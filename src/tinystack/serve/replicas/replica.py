@@ -47,7 +47,6 @@ def _replica_id() -> str:
 
 class EngineReplica:
     def __init__(self, model_dir: str, infer: dict[str, Any], device: str = "cpu", threads: int = 0) -> None:
-
         if threads > 0:  # Ray reserves `threads` CPUs for this replica; torch must not use every core
 
             torch.set_num_threads(threads)
