@@ -236,6 +236,9 @@ class InferConfig(Section):
     draft_model: str = ""  # speculative="draft": a smaller model directory with the same tokenizer
     prompt_lookup_min: int = 1  # prompt_lookup: n-gram sizes matched, longest first
     prompt_lookup_max: int = 3
+    # structured outputs (infer/structured): a constraint that takes longer to compile is refused (a 400)
+    structured_compile_timeout_s: float = 5.0
+    structured_fast_forward: bool = True  # append the tokens a constraint forces without sampling them
 
 
 @dataclass

@@ -9,16 +9,59 @@ sampler that applies them is infer/sampler.py.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from numbers import Real
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 SAMPLING_EPS = 1e-5  # temperatures below this are greedy
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed's range
 LOGIT_BIAS_MAX = 100.0  # OpenAI's: a bias is in [-100, 100]
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """A constraint on what a request may generate (vLLM's StructuredOutputsParams names); exactly one kind is set.
+
+    json: a JSON Schema (a dict, or its JSON text); json_object: any JSON object; regex: the whole output matches;
+    choice: the output is one of these strings; grammar: a grammar in llguidance's Lark syntax;
+    structural_tag: vLLM's {"structures": [{"begin", "schema", "end"}], "triggers": [...]} (free text until a
+    trigger, then the structure: how `tool_choice: "auto"` constrains only the tool call). The engine compiles it
+    with llguidance (infer/structured); what cannot compile is a GrammarError naming the kind. Dicts are held as
+    compact JSON text so the params stay hashable, and compiled grammars are cached by it."""
+
+    KINDS: ClassVar[tuple[str, ...]] = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("json", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):  # a dict: its compact text, the cache key
+                # (keys keep their order: a schema's property order is the order the output is generated in)
+                object.__setattr__(self, name, json.dumps(value, separators=(",", ":")))
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not all(isinstance(c, str) for c in self.choice):
+                raise ValueError("choice must be a list of strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+            if not self.choice:
+                raise ValueError("choice must list at least one string")
+        kinds = [k for k in self.KINDS if getattr(self, k) not in (None, False)]
+        if len(kinds) != 1:
+            raise ValueError(f"structured_outputs takes exactly one of {', '.join(self.KINDS)}; got "
+                             f"{', '.join(kinds) or 'none'}")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in self.KINDS if getattr(self, k) not in (None, False))
 
 
 def is_greedy(p: SamplingParams) -> bool:
@@ -67,6 +110,7 @@ class SamplingParams:
     logprobs: int | None = _knob(int, None, "Logprobs of the chosen token and of the n most likely; null = off.",
                                  ge=0, le=20)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); a dict is accepted
+    structured_outputs: StructuredOutputs | None = None  # what the output must match (infer/structured)
 
     def __post_init__(self) -> None:
         for name, knob in KNOBS.items():  # frozen: the checked value (an int as a float, an alias) set in place

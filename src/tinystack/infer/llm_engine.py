@@ -7,6 +7,9 @@
              -> TokenDelta per request that produced something (the last one carries the RequestOutput)
     With speculative decoding on (speculative.py), decode rows also feed draft tokens in the same model
     call, and append every accepted one plus the target's next token.
+    A constrained request (params.structured_outputs, infer/structured) has a Matcher: its row's logits are
+    masked (the masks computed while the forward runs), each token it appends advances the matcher, and the
+    tokens the grammar then forces are appended unsampled (fed as a chunk by the next step).
     abort(request_id) frees everything the request held, at once.
 
 The scheduler is a policy ("continuous" or "dynamic", see scheduler.py / batcher.py) over
@@ -35,6 +38,7 @@ from tinystack.infer.scheduler import Scheduler
 from tinystack.infer.sequence import Sequence
 from tinystack.infer.speculative import build_speculator
 from tinystack.infer.step_stats import EngineCounters, StepRecord
+from tinystack.infer.structured import BatchMasker, Matcher, compile_grammar
 from tinystack.sampling_params import SamplingParams, is_greedy
 
 
@@ -73,6 +77,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.storage, self.device, config.hugepages)
         self.speculator = build_speculator(config, block_manager=self.block_manager, draft=draft, target=self.model,
                                            tokenizer=tokenizer, token_slots=self.budget.num_blocks * block_size)
+        self.masker: BatchMasker | None = None  # made by the first constrained request
         self.stream_text = False  # True: step() decodes each delta's text as it goes (AsyncEngine, generate)
         self._seqs: dict[str, Sequence] = {}
         self._counter = 0
@@ -125,11 +130,19 @@ class LLMEngine:
             raise ValueError(f"logit_bias names token {top}; the model's vocabulary has {vocab} tokens")
         max_new = min(params.max_tokens, self.max_seq_len - len(ids))
         self.budget.admit(len(ids), max_new)
+        matcher = Matcher(self.compile_constraint(params)) if params.structured_outputs else None
         gen = None
         if not is_greedy(params):
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ()).item()))
-        return Sequence(request_id, prompt if isinstance(prompt, str) else "", ids, params, max_new, gen)
+        return Sequence(request_id, prompt if isinstance(prompt, str) else "", ids, params, max_new, gen,
+                        matcher=matcher)
+
+    def compile_constraint(self, params: SamplingParams):
+        """params.structured_outputs compiled for this engine's tokenizer (cached; GrammarError when it cannot be,
+        or takes longer than infer.structured_compile_timeout_s). Safe from any thread: a server calls it off
+        its event loop before adding the request."""
+        return compile_grammar(params.structured_outputs, self.tokenizer, self.config.structured_compile_timeout_s)
 
     def enqueue(self, seq: Sequence) -> None:
         if seq.request_id in self._seqs:
@@ -191,6 +204,7 @@ class LLMEngine:
         if not batch:
             return []
         drafts = self.speculator.propose(batch) if self.speculator else None
+        masks = self._start_masks(batch, drafts)
         logits = self.runner.run(batch, [d.tokens for d in drafts] if drafts else None)
         # each row's last logits row (a speculating row has 1 + d of them)
         last = [x - 1 for x in accumulate(1 + len(d.tokens) for d in drafts)] if drafts else range(len(batch))
@@ -206,7 +220,10 @@ class LLMEngine:
             elif seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
                 ready.append((i, seq))
                 rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids))
-        tokens, infos = sample_batch(logits[[last[i] for i, _ in ready]], rows) if ready else ([], [])
+        picked = logits[[last[i] for i, _ in ready]]
+        if masks is not None:  # the constrained rows, in `ready` order (both follow the batch's order)
+            picked = self.masker.apply(picked, [j for j, (_, s) in enumerate(ready) if s.matcher], masks)
+        tokens, infos = sample_batch(picked, rows) if ready else ([], [])
         now = time.perf_counter()
         fed = [(seq, n + len(drafts[i].tokens)) for i, (seq, n) in enumerate(batch)] if drafts else batch
         self._account(fed, prefill, len(ready) + len(spec), t0, c0, now)
@@ -218,6 +235,16 @@ class LLMEngine:
             if delta:
                 out.append(delta)
         return out
+
+    def _start_masks(self, batch: list[tuple[Sequence, int]], drafts):
+        """Start computing the masks of the constrained rows that sample this step (on the masker's thread, while
+        the forward runs); None when there are none. Constrained rows never draft (speculative.may_speculate)."""
+        matchers = [seq.matcher for seq, n in batch if seq.matcher and seq.num_computed + n == seq.num_tokens]
+        if not matchers:
+            return None
+        if self.masker is None:
+            self.masker = BatchMasker(self.tokenizer.vocab_size, self.config.max_num_seqs)
+        return self.masker.start(matchers)
 
     def _account(self, batch: list[tuple[Sequence, int]], prefill: int, sampled: int, t0: float, c0: float,
                  now: float) -> None:
@@ -240,8 +267,14 @@ class LLMEngine:
         seq.metrics.last_token = now
         reason = None
         eos = getattr(self.tokenizer, "eos_token_ids", None) or {self.tokenizer.eos_token_id}
-        for tok, info in zip(toks, infos):
-            if (tok in eos and not p.ignore_eos) or tok in p.stop_token_ids:
+        toks, infos, m = list(toks), list(infos), seq.matcher
+        i = 0
+        while i < len(toks):  # (a constraint's forced tokens are appended to toks as it goes)
+            tok, info = toks[i], infos[i]
+            i += 1
+            if m is not None and not m.accept(tok):  # never for a masked token; a bug must not pass silently
+                raise RuntimeError(f"request {seq.request_id}: token {tok} broke its constraint: {m.error()}")
+            if (tok in eos and (m is not None or not p.ignore_eos)) or tok in p.stop_token_ids:
                 reason = "stop"  # the stop token itself is not part of the output
                 break
             seq.token_ids.append(tok)
@@ -252,8 +285,14 @@ class LLMEngine:
                 reason = seq.finish_reason
             if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
                 reason = "length"
+            if reason is None and m is not None and m.is_stopped():
+                reason = "stop"  # the constraint is complete and nothing may follow it
             if reason is not None:
                 break
+            if m is not None and i == len(toks) and self.config.structured_fast_forward and p.logprobs is None:
+                forced = m.forced_tokens()[: seq.max_new_tokens - len(seq.output_ids)]
+                toks += forced
+                infos += [None] * len(forced)
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._seqs.pop(seq.request_id, None)

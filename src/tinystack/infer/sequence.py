@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinystack.infer.outputs import RequestMetrics
+from tinystack.infer.structured import Matcher
 from tinystack.sampling_params import SamplingParams
 
 
@@ -48,6 +49,7 @@ class Sequence:
     num_cached_prompt_tokens: int = 0  # prefix-cache hits at the first admission
     num_preemptions: int = 0
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival=time.perf_counter()))
+    matcher: Matcher | None = None  # params.structured_outputs' state (infer/structured), None when unconstrained
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -21,7 +21,9 @@ distribution after temperature / top-k / top-p / min-p (sampler.sampling_probs).
 draft is a point mass (q(d) = 1): accept with p(d), else draw from p with d removed.
 
 Which rows speculate (the one rule): a row that decodes (its one fed token is its last sampled one),
-has no repetition / presence / frequency penalty (those change after every accepted token), gets
+has no repetition / presence / frequency penalty (those change after every accepted token) and no
+structured-output constraint (its matcher would have to check every draft; constrained rows gain from
+fast-forward instead, infer/structured), gets
 d <= k drafts capped by the tokens it may still generate minus one, by the step's unused
 max_num_batched_tokens, and by free KV blocks (drafts never preempt anyone). Every other row, and
 a row whose proposer finds nothing, decodes one token as usual in the same step.
@@ -65,8 +67,9 @@ class PromptLookup:
 
 
 def may_speculate(seq: Sequence, n: int) -> bool:
-    """A decode row whose next tokens do not depend on penalties (see the module docstring)."""
-    return n == 1 and seq.num_computed + 1 == seq.num_tokens and bool(seq.output_ids) and not has_penalties(seq.params)
+    """A decode row whose next tokens do not depend on penalties or a constraint (see the module docstring)."""
+    return (n == 1 and seq.num_computed + 1 == seq.num_tokens and bool(seq.output_ids)
+            and not has_penalties(seq.params) and seq.matcher is None)
 
 
 class Speculator:

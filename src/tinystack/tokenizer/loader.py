@@ -8,6 +8,7 @@ exactly as inference does. The loaded `Tokenizer` offers:
 
     encode_ordinary(text) -> ids   special-token text in the text stays plain text; the
                                    tokenizer's own template (e.g. Llama's BOS) is applied
+    encode_plain(text) -> ids      the same without the template: a piece of an output
     decode(ids) -> str             special tokens left out
     eos_token_id, eos_token_ids, vocab_size, special_tokens {text: id}
     token_bytes(id) -> bytes       the text a token stands for (evaluation's bits per byte)
@@ -62,6 +63,11 @@ class Tokenizer:
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=True).ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """The ids of `text` alone: no template (no BOS), special-token text kept as text. For pieces of an output,
+        e.g. the text a grammar forces (infer/structured)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_with_special_tokens(self, text: str) -> list[int]:
         """Like encode_ordinary, but special-token text is the special token: for prompts a chat template wrote

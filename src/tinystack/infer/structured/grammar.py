@@ -1,0 +1,122 @@
+"""A StructuredOutputs constraint -> a checked llguidance grammar, compiled once per (constraint, tokenizer).
+
+    StructuredOutputs(json= | json_object= | regex= | choice= | grammar= | structural_tag=)
+        -> grammar text (llguidance's JSON Schema, regex and Lark front ends; `choice` as a Lark alternation)
+        -> LLMatcher built on a worker thread, waited for at most `timeout_s` (llguidance drops the GIL while
+           it compiles, so other requests go on; one that takes longer is refused, never waited for)
+        -> a CompiledGrammar in an LRU cache keyed by (constraint, tokenizer); each request deep-copies it.
+
+Anything llguidance cannot compile (invalid JSON Schema, an unsupported keyword, a bad regex, a Lark syntax
+error) is a GrammarError naming the constraint's kind, with llguidance's own message: the server turns it
+into a 400 that names the request field.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import llguidance
+
+from tinystack.infer.structured.tokenizer import llg_tokenizer
+from tinystack.sampling_params import StructuredOutputs
+
+CACHE_SIZE = 256  # compiled grammars kept per process
+# JSON as clients expect it from a model: compact separators are allowed but not forced (llguidance's
+# whitespace_flexible), and a schema's own "x-guidance" options still win
+_JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": True}
+
+
+class GrammarError(ValueError):
+    """A constraint that cannot be compiled: `kind` is the StructuredOutputs field (json, regex, ...)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.reason = kind, message
+
+
+def grammar_text(so: StructuredOutputs, special_tokens: dict[str, int] | None = None) -> str:
+    """The llguidance grammar for a constraint (not yet checked: compile() checks it)."""
+    kind = so.kind
+    try:
+        if kind == "json":
+            return llguidance.LLMatcher.grammar_from_json_schema(so.json, defaults=_JSON_DEFAULTS)
+        if kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_DEFAULTS)
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(so.regex)
+        if kind == "choice":
+            # Lark string literals take JSON's escapes, so json.dumps quotes any choice exactly
+            return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in so.choice))
+        if kind == "grammar":
+            return llguidance.LLMatcher.grammar_from_lark(so.grammar)
+        return _structural_tag(json.loads(so.structural_tag), special_tokens or {})
+    except (ValueError, TypeError, KeyError, AssertionError) as e:
+        raise GrammarError(kind, str(e) or type(e).__name__) from None
+
+
+def _structural_tag(tag: dict, special_tokens: dict[str, int]) -> str:
+    """vLLM's structural tag {"structures": [{"begin", "schema", "end"}], "triggers": [...]} as llguidance's
+    lazy grammar: free text until a trigger, then begin + JSON matching the schema + end."""
+    triggers, structures = tag.get("triggers"), tag.get("structures")
+    if not triggers or not structures:
+        raise ValueError("a structural tag needs 'triggers' and 'structures'")
+    tags = []
+    for s in structures:
+        trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
+        if trigger is None:
+            raise ValueError(f"structure begin {s['begin']!r} starts with none of the triggers {triggers}")
+        tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=s.get("schema") or {},
+                                         end=s.get("end", "")))
+    # a trigger that is one special token of this tokenizer (Qwen's <tool_call>) is matched as that token
+    special = all(t.trigger in special_tokens for t in tags)
+    return llguidance.StructTag.to_grammar(tags, assume_special=special)
+
+
+class CompiledGrammar:
+    """One compiled constraint for one tokenizer; `matcher()` gives a fresh per-request matcher."""
+
+    def __init__(self, so: StructuredOutputs, matcher: llguidance.LLMatcher, vocab_size: int):
+        self.constraint, self._template, self.vocab_size = so, matcher, vocab_size
+
+    def new_matcher(self) -> llguidance.LLMatcher:
+        return self._template.deep_copy()
+
+
+_cache: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
+_lock = threading.Lock()
+_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tinystack-grammar")
+
+
+def compile_grammar(so: StructuredOutputs, tokenizer: Any, timeout_s: float) -> CompiledGrammar:
+    """The compiled grammar of `so` for `tokenizer` (one of ours), from the cache or compiled now with at most
+    `timeout_s` seconds of waiting. Raises GrammarError. Safe from any thread."""
+    key = (so, tokenizer)  # the tokenizer object itself: an id() could be reused once it is gone
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit
+    lltok = llg_tokenizer(tokenizer)
+    text = grammar_text(so, getattr(tokenizer, "special_tokens", {}))
+    future = _pool.submit(llguidance.LLMatcher, lltok, text, log_level=0)
+    try:
+        matcher = future.result(timeout=timeout_s)
+    except FutureTimeout:
+        raise GrammarError(so.kind, f"compiling the constraint took longer than {timeout_s:g} s "
+                                    "(infer.structured_compile_timeout_s)") from None
+    if matcher.is_error():
+        raise GrammarError(so.kind, _first_line(matcher.get_error()))
+    compiled = CompiledGrammar(so, matcher, lltok.vocab_size)
+    with _lock:
+        _cache[key] = compiled
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return compiled
+
+
+def _first_line(message: str) -> str:
+    return " ".join(message.split())[:500]

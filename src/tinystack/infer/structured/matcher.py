@@ -1,0 +1,105 @@
+"""One request's constraint state (Matcher) and the engine's batched masks (BatchMasker).
+
+The public, token-by-token API (what a benchmark or another engine drives):
+
+    grammar = compile_grammar(StructuredOutputs(json=schema), tokenizer, timeout_s)   # once, cached
+    m = Matcher(grammar)                                                              # per request
+    m.fill_bitmask(bitmask, row)   # allowed next tokens: bit t of bitmask[row] (int32 words, 32 tokens each)
+    m.accept(token) -> bool        # advance; False = the token was not allowed (the matcher is then in error)
+    m.is_accepting()               # the output so far is complete: the request may stop here
+    m.is_stopped()                 # nothing but stopping is possible
+    m.forced_tokens() -> [ids]     # tokens the grammar forces next (fast-forward), not yet accepted
+    m.reset()                      # back to the start
+
+The engine does not call fill_bitmask row by row: BatchMasker fills every constrained row of a step in one call
+on a worker thread (llguidance's parallel executor, which drops the GIL) while the model's forward runs, and
+`apply` masks those rows of the logits in one vectorised operation; unconstrained rows are never touched.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import llguidance
+import llguidance.torch as llg_torch
+import torch
+
+from tinystack.infer.structured.grammar import CompiledGrammar
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+class Matcher:
+    """A request's position in its constraint (see the module docstring for the calls)."""
+
+    def __init__(self, grammar: CompiledGrammar):
+        self.grammar = grammar
+        self.ll = grammar.new_matcher()
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        llg_torch.fill_next_token_bitmask(self.ll, bitmask, row)
+
+    def accept(self, token: int) -> bool:
+        return self.ll.consume_token(token)
+
+    def is_accepting(self) -> bool:
+        return self.ll.is_accepting()
+
+    def is_stopped(self) -> bool:
+        return self.ll.is_stopped()
+
+    def is_error(self) -> bool:
+        return self.ll.is_error()
+
+    def error(self) -> str:
+        return self.ll.get_error()
+
+    def forced_tokens(self) -> list[int]:
+        return self.ll.compute_ff_tokens()
+
+    def accept_all(self, tokens: list[int]) -> bool:
+        return self.ll.consume_tokens(tokens)
+
+    def reset(self) -> None:
+        self.ll.reset()
+
+
+class BatchMasker:
+    """The engine's masks: `start(matchers)` computes the next-token bitmask of each on a worker thread (while
+    the forward runs), `apply(logits, rows, future)` waits for it and sets every disallowed logit of those rows to
+    -inf. Tokens the model has and the tokenizer does not (a padded embedding) are never allowed."""
+
+    def __init__(self, vocab_size: int, max_rows: int):
+        self.vocab_size = vocab_size
+        self.bitmask = torch.full((max_rows, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+        self._shifts = torch.arange(32, dtype=torch.int32)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinystack-mask")
+        self._executor = llguidance.LLExecutor()
+
+    def start(self, matchers: list[Matcher]) -> Future:
+        if len(matchers) > self.bitmask.shape[0]:
+            self.bitmask = torch.full((len(matchers), self.bitmask.shape[1]), -1, dtype=torch.int32)
+        return self._pool.submit(self._fill, matchers)
+
+    def _fill(self, matchers: list[Matcher]) -> torch.Tensor:
+        out = self.bitmask[: len(matchers)]
+        if len(matchers) == 1:  # no executor hand-off for one row
+            matchers[0].fill_bitmask(out, 0)
+        else:
+            llg_torch.fill_next_token_bitmask_par(self._executor, [(m.ll, i) for i, m in enumerate(matchers)], out)
+        return out
+
+    def apply(self, logits: torch.Tensor, rows: list[int], future: Future) -> torch.Tensor:
+        """logits [B, V] with rows `rows` masked by the computed bitmasks (in order); a new tensor."""
+        words = future.result()
+        allowed = ((words.unsqueeze(-1) >> self._shifts) & 1).view(len(rows), -1)
+        vocab = logits.shape[-1]
+        if allowed.shape[1] < vocab:
+            allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+        allowed = allowed[:, :vocab].bool()
+        allowed[:, self.vocab_size:] = False
+        logits = logits.clone()
+        idx = torch.tensor(rows, dtype=torch.long)
+        logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+        return logits
