@@ -2,8 +2,9 @@
 
     StructuredOutputs(json= | json_object= | regex= | choice= | grammar= | structural_tag=)
         -> grammar text (llguidance's JSON Schema, regex and Lark front ends; `choice` as a Lark alternation)
-        -> LLMatcher built on a worker thread, waited for at most `timeout_s` (llguidance drops the GIL while
-           it compiles, so other requests go on; one that takes longer is refused, never waited for)
+        -> LLMatcher built, and its first mask computed, on a worker thread, waited for at most `timeout_s`
+           (llguidance drops the GIL while it works, so other requests go on; one that takes longer is refused,
+           never waited for)
         -> a CompiledGrammar in an LRU cache keyed by (constraint, tokenizer); each request deep-copies it.
 
 Anything llguidance cannot compile (invalid JSON Schema, an unsupported keyword, a bad regex, a Lark syntax
@@ -101,8 +102,7 @@ def compile_grammar(so: StructuredOutputs, tokenizer: Any, timeout_s: float) -> 
             _cache.move_to_end(key)
             return hit
     lltok = llg_tokenizer(tokenizer)
-    text = grammar_text(so, getattr(tokenizer, "special_tokens", {}))
-    future = _pool.submit(llguidance.LLMatcher, lltok, text, log_level=0)
+    future = _pool.submit(_build, lltok, so, getattr(tokenizer, "special_tokens", {}))
     try:
         matcher = future.result(timeout=timeout_s)
     except FutureTimeout:
@@ -116,6 +116,16 @@ def compile_grammar(so: StructuredOutputs, tokenizer: Any, timeout_s: float) -> 
         while len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return compiled
+
+
+def _build(lltok: llguidance.LLTokenizer, so: StructuredOutputs, special: dict[str, int]) -> llguidance.LLMatcher:
+    """The grammar text and the matcher, with its first mask computed: llguidance builds lexer states lazily, so
+    for a hard schema the first mask is where the work is; doing it here puts that work under the time limit (and
+    the states it built are shared by the deep copies each request gets)."""
+    matcher = llguidance.LLMatcher(lltok, grammar_text(so, special), log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    return matcher
 
 
 def _first_line(message: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import llguidance
-import llguidance.torch as llg_torch
 import torch
 
 from tinystack.infer.structured.grammar import CompiledGrammar
@@ -28,6 +27,15 @@ from tinystack.infer.structured.grammar import CompiledGrammar
 
 def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
+
+
+def _check(bitmask: torch.Tensor) -> None:
+    """llguidance writes through a raw pointer: the tensor must be what it expects, or memory is overwritten.
+    (Not llguidance.torch's helpers: that module compiles a kernel with torch.compile at import, which pulls
+    in torch's inductor and its optional dependencies.)"""
+    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.dim() != 2 \
+            or not bitmask.is_contiguous():
+        raise ValueError("a bitmask is a contiguous int32 CPU tensor [rows, (vocab + 31) // 32]")
 
 
 class Matcher:
@@ -38,7 +46,9 @@ class Matcher:
         self.ll = grammar.new_matcher()
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> None:
-        llg_torch.fill_next_token_bitmask(self.ll, bitmask, row)
+        _check(bitmask)
+        target = bitmask[row]
+        self.ll.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
 
     def accept(self, token: int) -> bool:
         return self.ll.consume_token(token)
@@ -87,7 +97,8 @@ class BatchMasker:
         if len(matchers) == 1:  # no executor hand-off for one row
             matchers[0].fill_bitmask(out, 0)
         else:
-            llg_torch.fill_next_token_bitmask_par(self._executor, [(m.ll, i) for i, m in enumerate(matchers)], out)
+            self._executor.unsafe_compute_mask_ptr([(m.ll, i) for i, m in enumerate(matchers)], out.data_ptr(),
+                                                   out.shape[1] * 4, out.shape[0])
         return out
 
     def apply(self, logits: torch.Tensor, rows: list[int], future: Future) -> torch.Tensor:
