@@ -275,3 +275,37 @@ def test_model_vocabulary_beyond_the_tokenizer_is_never_sampled(tok):
     while eng.has_unfinished():
         outs += [d.output for d in eng.step() if d.output]
     assert len(outs) == 3 and all(re.fullmatch("[a-z]{6}", o.text) for o in outs)
+
+
+# -- the command line --
+def run_generate(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """`tinystack generate ARGS` in this process (the console script is main(); its one-line error path too)."""
+    from tinystack import cli
+
+    monkeypatch.setattr("sys.argv", ["tinystack", "generate", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_generate_json_schema_flag_and_its_errors(smollm2_dir, tmp_path, monkeypatch, capsys):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    common = ["--model", str(smollm2_dir), "--set", "infer.weight_format=float32", "--temperature", "0"]
+    code, out, err = run_generate(monkeypatch, capsys, *common, "--chat", "Describe a person as JSON.",
+                                  "--max-tokens", "40", "--json-schema", str(schema))
+    assert code == 0, err
+    jsonschema.validate(json.loads(out), PERSON)
+    assert "finish_reason=stop" in err
+    bad = tmp_path / "bad.json"
+    for args, needle in ((["--json-schema", str(tmp_path / "missing.json")], "--json-schema"),
+                         (["--json-schema", str(bad)], "--json-schema"),
+                         (["--regex", "[a-"], "--regex"), (["--regex", "a", "--choice", "b"], "at most one")):
+        bad.write_text('{"type": "objekt"}')
+        code, out, err = run_generate(monkeypatch, capsys, *common, "--prompt", "x", *args)
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and needle in lines[0], err

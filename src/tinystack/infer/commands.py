@@ -42,12 +42,22 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
              repetition_penalty: Annotated[float | None, typer.Option(help=f"{MODEL_DEFAULT}, else 1 (off).")] = None,
              presence_penalty: Annotated[float | None, typer.Option(help=f"{TABLE}, 0 (off).")] = None,
              frequency_penalty: Annotated[float | None, typer.Option(help=f"{TABLE}, 0 (off).")] = None,
-             ignore_eos: bool = False) -> None:
-    """Generate a continuation of --prompt, or the answer to --chat, streaming it to the terminal."""
+             ignore_eos: bool = False,
+             json_schema: Annotated[Path | None, typer.Option(help="Constrain the output to this JSON Schema (a "
+                                                                   "file).")] = None,
+             regex: Annotated[str | None, typer.Option(help="Constrain the output to match this regex.")] = None,
+             choice: Annotated[list[str] | None, typer.Option(help="Constrain the output to one of these "
+                                                                   "(repeatable).")] = None,
+             grammar: Annotated[Path | None, typer.Option(help="Constrain the output to this grammar (a file, "
+                                                              "llguidance's Lark syntax).")] = None) -> None:
+    """Generate a continuation of --prompt, or the answer to --chat, streaming it to the terminal. At most one of
+    --json-schema, --regex, --choice, --grammar constrains what is generated (infer/structured)."""
     from tinystack.infer import AdmissionError, LLMEngine, PromptError, SamplingParams, load_for_inference
     from tinystack.infer.chat import ChatTemplateError, chat_formatter, encode_chat
+    from tinystack.infer.structured import GrammarError, compile_grammar
     from tinystack.model.generation_config import FILE, sampling_defaults
     from tinystack.sampling_params import KNOBS
+    from tinystack.tokenizer.loader import load_tokenizer
 
     if (prompt is None) == (chat is None):
         raise UserError("give exactly one of --prompt and --chat")
@@ -64,11 +74,18 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
     try:  # before loading: a bad file or flag is one line at once
         from_model = {k: v for k, v in sampling_defaults(model).items() if k not in given}
         params = SamplingParams(stop=tuple(stop or ()), ignore_eos=ignore_eos,
+                                structured_outputs=_constraint(json_schema, regex, choice, grammar),
                                 **{**CLI_SAMPLING, **from_model, **given})
     except ValueError as e:
         raise UserError(str(e)) from None
     infer = dataclasses.replace(cfg.infer, max_num_seqs=1)  # one prompt: the budget plans for one sequence
-    m, tok = load_for_inference(model, infer, cfg.run.device)
+    tok = load_tokenizer(model)
+    if params.structured_outputs is not None:  # compiled before the model loads: an error is one line at once
+        try:
+            compile_grammar(params.structured_outputs, tok, infer.structured_compile_timeout_s)
+        except GrammarError as e:
+            raise UserError(f"--{_FLAG[e.kind]}: {e.reason}") from None
+    m, tok = load_for_inference(model, infer, cfg.run.device, tokenizer=tok)
     request: str | list[int] = prompt or ""
     if chat is not None:  # the same rendering and tokenisation as /v1/chat/completions and fine-tuning
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": chat}]
@@ -102,6 +119,30 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
     spec = f", speculative drafts accepted {m_.spec_accepted}/{m_.spec_proposed}" if m_.spec_proposed else ""
     typer.echo(f"[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, time to first token "
                f"{m_.ttft_s * 1e3:.1f} ms, decode {(m_.decode_s or 0) * 1e3:.1f} ms{spec}]", err=True)
+
+
+_FLAG = {"json": "json-schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def _constraint(json_schema: Path | None, regex: str | None, choice: list[str] | None, grammar: Path | None):
+    """The flags' StructuredOutputs (None when no flag is given); a file that cannot be read, or is not JSON, is a
+    one-line error naming the flag."""
+    from tinystack.sampling_params import StructuredOutputs
+
+    given = {k: v for k, v in dict(json_schema=json_schema, regex=regex, choice=choice, grammar=grammar).items() if v}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise UserError(f"give at most one of --json-schema, --regex, --choice, --grammar (got {len(given)})")
+    try:
+        if json_schema:
+            return StructuredOutputs(json=json.loads(json_schema.read_text(encoding="utf-8")))
+        if grammar:
+            return StructuredOutputs(grammar=grammar.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        flag = "--json-schema" if json_schema else "--grammar"
+        raise UserError(f"{flag} {json_schema or grammar}: {' '.join(str(e).split())}") from None
+    return StructuredOutputs(regex=regex) if regex else StructuredOutputs(choice=choice)
 
 
 @config_command("run.device")

@@ -6,8 +6,9 @@ cached, or None where they cannot be built.
                                                         (TORCH_LIBRARY: no pybind11, far lighter headers)
 
 torch.utils.cpp_extension compiles the sources (needs a C++ compiler and ninja) and caches the library under
-~/.cache/torch_extensions; the module's name carries a hash of the sources and headers, so two versions (two
-checkouts, an edited kernel) never load or rebuild over each other. Callers keep a float path for None.
+~/.cache/torch_extensions; the module's name carries a hash of the sources and headers, and of where they are,
+so two versions (two checkouts, an edited kernel) never load or rebuild over each other. Callers keep a float
+path for None.
 A load that takes longer than NOTICE_AFTER_S (a compile, not a cached library) says so on stderr while it
 runs, so the first fine-tune or quantised model on a machine does not sit silent for half a minute.
 """
@@ -59,7 +60,10 @@ def build(name: str, sources: Sequence[Path], headers: Sequence[Path] = (), cfla
     # deferred: the compiler toolchain's module only when a kernel is built or loaded
     from torch.utils import cpp_extension
 
-    digest = hashlib.sha256(b"".join(Path(p).read_bytes() for p in [*sources, *headers])).hexdigest()[:10]
+    # the paths too: torch rebuilds a library whose source paths changed, so two checkouts of the same sources
+    # under one name would rebuild over each other at every load (seen with git worktrees: minutes per load)
+    files = [Path(p).resolve() for p in [*sources, *headers]]
+    digest = hashlib.sha256(b"".join(str(p).encode() + b"\0" + p.read_bytes() for p in files)).hexdigest()[:10]
     notice = threading.Timer(NOTICE_AFTER_S, lambda: print(
         f"tinystack: compiling the C++ extension {name} (first use with these sources; cached afterwards)",
         file=sys.stderr, flush=True))
