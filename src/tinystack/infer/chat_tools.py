@@ -11,7 +11,8 @@ tool dicts. One that does not (SmolLM2's) gets `fallback_messages`, the one docu
     system turn   its content, then "# Tools" + one JSON line per tool between <tools></tools> and the rule
                   "to call a function, answer with <tool_call>{"name": ..., "arguments": ...}</tool_call>";
                   a system turn is added first when the conversation has none
-    assistant     its content, then each call as <tool_call>{"name": "f", "arguments": {...}}</tool_call>
+    assistant     its content, a newline, then each call as <tool_call>{"name": "f", "arguments": {...}}</tool_call>
+                  (one right after the other, as the server's constraint writes them)
     tool          a user turn: "<tool_response>\\n{content}\\n</tool_response>"
 
 The calls a model is asked for are written as TOOL_CALL_OPEN {"name": ..., "arguments": ...} TOOL_CALL_CLOSE:
@@ -58,7 +59,7 @@ def tools_preamble(tools: list[dict[str, Any]]) -> str:
     """The fallback's description of the tools, appended to the system turn."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return ("# Tools\n\nYou may call one or more functions to answer the user. The functions are listed in "
-            f"<tools></tools>:\n<tools>\n{lines}\n</tools>\n\nTo call a function, answer with one line per call:\n"
+            f"<tools></tools>:\n<tools>\n{lines}\n</tools>\n\nTo call a function, answer with:\n"
             f'{TOOL_CALL_OPEN}{{"name": <function-name>, "arguments": <arguments-json-object>}}{TOOL_CALL_CLOSE}')
 
 
@@ -71,7 +72,7 @@ def fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]
         if m["role"] == "tool":
             out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
         elif m.get("tool_calls"):
-            calls = "\n".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"])
+            calls = "".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"])
             out.append({"role": m["role"], "content": f"{content}\n{calls}" if content else calls})
         else:
             out.append({"role": m["role"], "content": content})

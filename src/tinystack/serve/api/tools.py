@@ -9,7 +9,7 @@ Every call is written in one format (infer/chat_tools.py, docs/serve.md):
                                         the call's name and arguments are constrained; plain answers are never
                                         constrained
     tool_choice "required"              a Lark grammar: the whole answer is one or more calls (one when
-                                        parallel_tool_calls is false), separated by newlines
+                                        parallel_tool_calls is false), one right after the other
     {"type": "function", ...}           the same grammar with that one function, exactly one call
 
 `parallel_tool_calls: false` with "auto" cannot be said in a structural tag: the answer's calls after the first
@@ -65,8 +65,9 @@ def _lit(text: str) -> str:
 
 def calls_grammar(schemas: dict[str, dict], many: bool) -> str:
     """A Lark grammar (llguidance's, with %json) for an answer that is only calls: one, or one or more."""
-    repeat = ' ("\\n" call)*' if many else ""
-    rules = [f"start: call{repeat}",
+    # calls follow each other with nothing between: after a call the model's only choices are another call or
+    # EOS (with a newline allowed, SmolLM2 takes it and is then forced into a second call it did not want)
+    rules = [f"start: call{'+' if many else ''}",
              "call: " + " | ".join(f"c{i}" for i in range(len(schemas)))]
     for i, (name, schema) in enumerate(schemas.items()):
         rules.append(f"c{i}: {_lit(begin(name))} a{i} {_lit(END)}")
