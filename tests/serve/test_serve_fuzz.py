@@ -5,10 +5,15 @@ answer agrees with the schema: its status and content type are declared (text/ev
 stream), its body (each event of a stream) fits, and what the schema forbids is refused.
 Schema-valid bodies may still get a 400 for a limit of the server's config (max_tokens_limit, max_n,
 the context), which the schema cannot know: schemathesis' positive_data_acceptance is left out.
+The engine's tokenizer is the tiny model directory's tokenizer.json loaded as a server loads it, so the
+structured-output fields (response_format, structured_outputs, tools, tool_choice) the schema describes are
+compiled for real: random JSON Schemas, regexes and grammars must be 400s or answers, never a 5xx or a hang.
 
 (The operations are driven with hypothesis directly: schemathesis' pytest plugin does not
 load under pytest 9.)
 """
+from dataclasses import replace
+
 import httpx
 import pytest
 import schemathesis
@@ -20,6 +25,9 @@ from schemathesis.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from serve_helpers import unbatched
+
+from tinystack.tokenizer import load_tokenizer
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 EXAMPLES = 20  # per operation and mode: ~ (6 + 3) operations x 20 = 180 requests
@@ -28,9 +36,15 @@ CONFORMANCE = [status_code_conformance, content_type_conformance, response_heade
 
 
 @pytest.fixture
-def fuzz_target(serve, engine):
-    served = serve(engine, max_tokens_limit=8, default_max_tokens=4, max_n=2, timeout_s=5)
-    return served.url, schemathesis.openapi.from_url(f"{served.url}/openapi.json")
+def fuzz_target(serve, model_dir, tiny_model):
+    # a compile limit well under the request timeout: a random schema that compiles slowly is a 400, not a 504
+    engine = unbatched(tiny_model, load_tokenizer(model_dir))
+    engine.engine.config = replace(engine.engine.config, structured_compile_timeout_s=1.0)
+    try:
+        served = serve(engine, max_tokens_limit=8, default_max_tokens=4, max_n=2, timeout_s=5)
+        yield served.url, schemathesis.openapi.from_url(f"{served.url}/openapi.json")
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.parametrize("mode", list(schemathesis.GenerationMode), ids=lambda m: m.value)
@@ -64,3 +78,14 @@ def test_schema_lists_every_endpoint(serve, engine):
     served = serve(engine)
     paths = httpx.get(f"{served.url}/openapi.json", timeout=5).json()["paths"]
     assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/generate", "/health", "/ready"} <= set(paths)
+
+
+def test_schema_describes_the_structured_output_fields(serve, engine):
+    served = serve(engine)
+    schemas = httpx.get(f"{served.url}/openapi.json", timeout=5).json()["components"]["schemas"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert {"response_format", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls"} <= set(chat)
+    assert {"response_format", "structured_outputs"} <= set(schemas["CompletionRequest"]["properties"])
+    assert "structured_outputs" in schemas["GenerateRequest"]["properties"]
+    assert {"json", "json_object", "regex", "choice", "grammar"} == set(schemas["StructuredOutputsBody"]["properties"])
+    assert "schema" in schemas["JsonSchemaSpec"]["properties"]

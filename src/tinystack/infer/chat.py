@@ -7,6 +7,10 @@
                                                   strftime_now, tojson, {% break %})
     otherwise                                  -> "system: ...\\nuser: ...\\nassistant:"
 
+Tools (OpenAI's `tools`, assistant `tool_calls`, `tool` turns): a template that mentions `tools` renders them
+itself, given what apply_chat_template(messages, tools=...) gives it; any other template (and the built-in
+format) gets chat_tools.fallback_messages, the documented plain-text format.
+
 A template that fails to render (bad template, or it rejects the conversation via
 raise_exception) is the client's 400, with the template's message.
 
@@ -27,6 +31,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from tinystack.infer.chat_tools import fallback_messages, hf_messages
 from tinystack.model.io import load_chat_template
 
 
@@ -71,15 +76,28 @@ class ChatFormatter:
                 raise ChatTemplateError(f"chat template does not parse{f' (line {line})' if line else ''}: "
                                         f"{' '.join(str(e).split())}") from None
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """messages: [{"role", "content"}] (content already text) -> the prompt to continue (or, with
-        add_generation_prompt=False, the conversation as written: what fine-tuning trains on)."""
+    @property
+    def supports_tools(self) -> bool:
+        """The template has a tool section of its own (it reads `tools`): Hugging Face's test, on the text."""
+        return self.template_source is not None and "tools" in self.template_source
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """messages: [{"role", "content"}] (content already text; OpenAI's `tool_calls` / `tool_call_id` may be
+        there too) -> the prompt to continue (or, with add_generation_prompt=False, the conversation as written:
+        what fine-tuning trains on). `tools`: OpenAI tool dicts, or None."""
+        has_tool_turns = tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        extra: dict[str, Any] = {}
+        if has_tool_turns and self.supports_tools:
+            messages, extra = hf_messages(messages), {"tools": tools} if tools else {}
+        elif has_tool_turns:
+            messages = fallback_messages(messages, tools)
         if self._template is None:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
             return text + "assistant:" if add_generation_prompt else text
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except ChatTemplateError:
             raise
         except (TemplateError, TypeError, ValueError, KeyError) as e:

@@ -6,7 +6,8 @@
                      OPEN_ROUTES (always) and PROBE_ROUTES (when cfg.open_health) are let through without a key
     caller           the caller's id for rate limits and cost, as `authenticate` found it: the key's hash
                      prefix, or "anonymous" when authentication is off (a route asks for it, not for a check)
-    validated_request  GenerateRequest -> Prepared (requests.prepare; numbers in every message)
+    validated_request  GenerateRequest -> Prepared (requests.prepare; numbers in every message; its
+                     structured_outputs compiled, structured.py)
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tinystack.serve.api.context import RequestContext, get_context, request_con
 from tinystack.serve.api.errors import AUTH_ERROR, SERVER_ERROR, ApiError
 from tinystack.serve.api.requests import Prepared, body_sampling, prepare
 from tinystack.serve.api.schemas import GenerateRequest
+from tinystack.serve.api.structured import check_constraint, from_structured_outputs
 from tinystack.serve.state import ServerState
 
 
@@ -71,9 +73,11 @@ Caller = Annotated[str, Depends(caller)]
 def validated_request(body: GenerateRequest, state: State, ctx: Context) -> Prepared:
     """A /generate body that passed every check (a plain def: FastAPI runs it off the event loop)."""
     try:
+        so = from_structured_outputs(body.structured_outputs) if body.structured_outputs is not None else None
         prep = prepare(state, body.prompt,
                        max_tokens=body.max_tokens if "max_tokens" in body.model_fields_set else None,
-                       **body_sampling(state, body))
+                       structured_outputs=so, **body_sampling(state, body))
+        check_constraint(state, prep.params, "structured_outputs")  # may block: this runs in a worker thread
     except ApiError as e:  # /generate keeps the foundation's 422 for a field out of range
         if e.status == 400 and e.code == "invalid_value":
             e.status, e.code = 422, "validation_error"

@@ -8,7 +8,7 @@ defaults and ranges (OpenAI's where it has the field, else vLLM's) are declared 
 `logprobs` keeps each endpoint's own shape (completions: an int; chat: a bool + `top_logprobs`), with the
 table's range. Unknown fields are rejected at every level, inside
 `messages[]` too (a typo must not fall back to a default silently); the fields of
-OpenAI's answer message that this server never produces (`refusal`, `tool_calls`, ...)
+OpenAI's answer message that this server never produces (`refusal`, `audio`, ...)
 are accepted as null, which is what a client echoes back. Strings are not numbers;
 integer fields take 5.0 as 5 (schemas.RequestBody). Every rule that does not depend on the
 server's config is in the schema (so /openapi.json says it); the ones that do (`n <=
@@ -16,6 +16,9 @@ max_n`, `max_tokens <= max_tokens_limit`, the prompt fitting the context) are ch
 requests.py, with the numbers in the message, as are two rules between fields:
 `max_tokens` and `max_completion_tokens` exclude each other (the schema says so with
 `not`), and `top_logprobs` needs `logprobs: true`.
+Structured outputs and tools (tool_schemas.py): `response_format` (text, json_object, json_schema) and vLLM's
+`structured_outputs` on both endpoints; `tools`, `tool_choice`, `parallel_tool_calls` and the history's
+`tool_calls` / `tool` turns on chat. What only the grammar engine can judge is checked in requests.py.
 Responses are plain dicts built in openai_service.py, in OpenAI's shapes.
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_mo
 
 from tinystack.sampling_params import KNOBS
 from tinystack.serve.api.schemas import STRICT, RequestBody, knob_field, sampling_fields
+from tinystack.serve.api.tool_schemas import ResponseFormat, StructuredOutputsBody, Tool, ToolCall, ToolChoice
 
 StopText = Annotated[str, Field(min_length=1)]
 Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
@@ -49,6 +53,11 @@ class _Fields(RequestBody):
                                                                  "added to its logit before sampling.")
     ignore_eos: bool = False
     timeout: float | None = Field(None, gt=0.0, le=3600.0, description="Seconds; only lowers the server's.")
+    response_format: ResponseFormat | None = Field(None, description="text (default), json_object, or "
+                                                                     "json_schema: the answer matches it.")
+    structured_outputs: StructuredOutputsBody | None = Field(None, description="vLLM's extra: exactly one of "
+                                                                               "json, json_object, regex, choice, "
+                                                                               "grammar.")
 
 
 # logprobs: each endpoint's own shape, below; max_tokens: omitted = the server's default (requests.prepare)
@@ -78,14 +87,6 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = knob_field(KNOBS["logprobs"])[1]
 
 
-class ResponseFormat(BaseModel):
-    """Only plain text, OpenAI's default (clients send it explicitly); `json_object` / `json_schema` would need
-    constrained decoding, which this server does not do: refused, not silently ignored."""
-
-    model_config = STRICT
-    type: Literal["text"]
-
-
 class TextPart(BaseModel):
     model_config = STRICT
     type: Literal["text"]
@@ -96,7 +97,8 @@ _ECHOED = "Accepted as null only: a field of OpenAI's answer message that this s
 
 
 class ChatMessage(BaseModel):
-    """One message. The template sees `role` and `content`; `name` and `tool_call_id` are accepted and unused."""
+    """One message. The template sees `role`, `content`, an assistant's `tool_calls` and a tool turn's
+    `tool_call_id` (infer/chat.py); `name` is accepted and unused."""
 
     model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -108,7 +110,8 @@ class ChatMessage(BaseModel):
     annotations: None = Field(None, description=_ECHOED)
     audio: None = Field(None, description=_ECHOED)
     function_call: None = Field(None, description=_ECHOED)
-    tool_calls: None = Field(None, description=_ECHOED)
+    tool_calls: list[ToolCall] | None = Field(None, description="An assistant turn's calls (its content may be "
+                                                                 "null).")
 
 
 class ChatCompletionRequest(_Sampling):
@@ -122,4 +125,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, description="The n most likely tokens' logprobs; needs logprobs: true.",
                                      **KNOBS["logprobs"].bounds)
-    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(None, max_length=128, description="Functions the model may call.")
+    tool_choice: ToolChoice | None = Field(None, description="none | auto (default with tools) | required | "
+                                                             "{type: function, function: {name}}.")
+    parallel_tool_calls: bool = Field(True, description="false: at most one call per answer.")

@@ -10,6 +10,11 @@
              "ttft_ms", "tpot_ms", "total_ms", ...} (tracking.timing_body; clients ignore it).
              Whole answers carry the same numbers in the x-*-time headers (middleware.py).
 
+Tools (prep.tools, a chat request's tools unless tool_choice is "none"): each choice's text goes through a
+tool_parser.ToolCallParser; whole, the message has `tool_calls` and `content` null when there is no other text;
+streamed, `delta.tool_calls` entries (index, id, type and name once, then `function.arguments` pieces) and only
+the text that is no call as `delta.content`. An answer that ended with calls has finish_reason "tool_calls".
+
 A degraded answer (the engine failed, cfg.fallback_text set) has the normal shape
 plus `"degraded": true`. An error after a stream has started (it can no longer
 change the status code) is sent as `data: {"error": {...}}` followed by `data: [DONE]`.
@@ -25,6 +30,7 @@ from tinystack.observe.logs import json_line
 from tinystack.serve.api.context import RequestContext
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.requests import Prepared
+from tinystack.serve.api.tool_parser import ToolCallParser, delta, finish_reason, message
 from tinystack.serve.engine.adapter import TokenEvent
 from tinystack.serve.engine.execution import Fallback, run
 from tinystack.serve.engine.generation import Delta
@@ -58,15 +64,16 @@ def _logprobs(state: ServerState, kind: Kind, tokens: list[TokenEvent], offset: 
 
 
 def _choice(state: ServerState, kind: Kind, prep: Prepared, index: int, text: str, tokens: list[TokenEvent],
-            finish: str | None, stream: bool, offset: int = 0) -> dict[str, Any]:
+            finish: str | None, stream: bool, offset: int = 0, parsed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One choice; `parsed`: the tool parser's message (whole) or delta (streamed), in place of `text`'s."""
     logprobs = _logprobs(state, kind, tokens, offset) if prep.params.logprobs is not None and tokens else None
     out: dict[str, Any] = {"index": index}
     if kind == "text":
         out["text"] = text
     elif stream:
-        out["delta"] = {"content": text} if text else {}
+        out["delta"] = parsed if parsed is not None else {"content": text} if text else {}
     else:
-        out["message"] = {"role": "assistant", "content": text}
+        out["message"] = parsed or {"role": "assistant", "content": text}
     out.update(logprobs=logprobs, finish_reason=finish)
     return out
 
@@ -104,9 +111,16 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
             c.finish_reason = item.finish_reason or c.finish_reason
     finally:
         tracker.done()
+    parsed: list[dict[str, Any] | None] = [None] * prep.n
+    if kind == "chat" and prep.tools is not None and not degraded:
+        for i, c in enumerate(choices):
+            parser = ToolCallParser(prep.tools.max_calls)
+            parser.feed(c.text)
+            parser.finish()
+            parsed[i], c.finish_reason = message(parser), finish_reason(parser, c.finish_reason)
     ctx.finish_reasons = [c.finish_reason or "stop" for c in choices]
     out = _envelope(state, kind, new_id(kind), int(time.time()), stream=False)
-    out["choices"] = [_choice(state, kind, prep, i, c.text, c.tokens, c.finish_reason, False)
+    out["choices"] = [_choice(state, kind, prep, i, c.text, c.tokens, c.finish_reason, False, parsed=parsed[i])
                       for i, c in enumerate(choices)]
     out["usage"] = _usage(prep, sum(len(c.tokens) for c in choices))
     if degraded:
@@ -137,6 +151,7 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
     finished = 0
     tracker = RequestTracker(ctx)
     tracker.enqueued()
+    parsers = [ToolCallParser(prep.tools.max_calls) for _ in range(prep.n)] if kind == "chat" and prep.tools else []
 
     def chunk(choices: list[dict[str, Any]], degraded: bool = False, timing: dict | None = None) -> bytes:
         body = {**_envelope(state, kind, rid, created, stream=True), "choices": choices}
@@ -169,12 +184,18 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
                               "finish_reason": None} for i in range(prep.n)])
             sent_any = True
             completion_tokens += len(item.tokens)
-            if item.finish_reason is not None:
+            finish, parsed = item.finish_reason, None
+            if parsers:  # only text that is no call goes out as content; calls as tool_calls deltas
+                parser = parsers[item.index]
+                events = parser.feed(item.text) + (parser.finish() if finish is not None else [])
+                finish, parsed = finish_reason(parser, finish), delta(events)
+            if finish is not None:
                 finished += 1
-                ctx.finish_reasons.append(item.finish_reason)
+                ctx.finish_reasons.append(finish)
             last = finished == prep.n and not prep.include_usage
-            yield chunk([_choice(state, kind, prep, item.index, item.text, item.tokens, item.finish_reason, True,
-                                 offsets[item.index])], timing=_final_timing(state, ctx, tracker) if last else None)
+            yield chunk([_choice(state, kind, prep, item.index, item.text, item.tokens, finish, True,
+                                 offsets[item.index], parsed)],
+                        timing=_final_timing(state, ctx, tracker) if last else None)
             offsets[item.index] += len(item.text)
         if prep.include_usage:
             yield sse({**_envelope(state, kind, rid, created, stream=True), "choices": [],

@@ -12,6 +12,9 @@ Checks, in order (each an ApiError with the numbers in the message):
                                                                 is M: P + M exceeds the context of C
                                                                 tokens (at most C - M prompt tokens)"
     SamplingParams rejects a value                           -> 400
+    tools / tool_choice / response_format / structured_outputs that make no sense together,
+    or a constraint the grammar engine cannot compile        -> 400 naming the field (tools.py,
+                                                                structured.py)
 
 An omitted max_tokens is min(default_max_tokens, max_tokens_limit, context left); an omitted sampling
 parameter that a model may set (SamplingParams' `model_default` ones: temperature, top_p, top_k, min_p,
@@ -30,7 +33,9 @@ from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
 from tinystack.infer.llm_engine import PromptError, PromptTooLongError
 from tinystack.sampling_params import KNOBS, LOGIT_BIAS_MAX, SamplingParams
 from tinystack.serve.api.errors import ApiError
-from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from tinystack.serve.api.openai_schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from tinystack.serve.api.structured import check_constraint, constraint_of
+from tinystack.serve.api.tools import ToolPlan, plan_tools
 from tinystack.serve.state import ServerState
 
 GREEDY_BELOW = 1e-5
@@ -47,6 +52,7 @@ class Prepared:
     timeout_s: float
     stream: bool = False
     include_usage: bool = False
+    tools: ToolPlan | None = None  # a chat request's tools: its answer's calls are parsed unless tool_choice none
 
 
 def _param(name: str, message: str, status: int = 400, code: str = "invalid_value") -> ApiError:
@@ -134,6 +140,20 @@ def _common(state: ServerState, body: CompletionRequest | ChatCompletionRequest)
                 logit_bias=_logit_bias(state, body.logit_bias), ignore_eos=body.ignore_eos)
 
 
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Request messages as infer.chat renders them: content as text, and an assistant's calls and a tool turn's
+    call id when there are."""
+    out = []
+    for m in messages:
+        msg: dict[str, Any] = {"role": m.role, "content": message_text(m.content)}
+        if m.tool_calls:
+            msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
 def _streaming(prep: Prepared, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
     prep.stream = body.stream
     prep.include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -152,8 +172,10 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
         ids = list(body.prompt)
         check_token_ids(state, ids, "prompt")
         prompt = state.adapter.tokenizer.decode(ids)
+    so, param = constraint_of(body)
     prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, prompt_ids=ids,
-                   **_common(state, body))
+                   structured_outputs=so, **_common(state, body))
+    check_constraint(state, prep.params, param or "structured_outputs")
     return _streaming(prep, body)
 
 
@@ -162,23 +184,37 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
         raise _param("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
     if body.top_logprobs is not None and not body.logprobs:
         raise _param("top_logprobs", "top_logprobs needs logprobs: true")
-    messages = [{"role": m.role, "content": message_text(m.content)} for m in body.messages]
-    try:
-        prompt = state.chat.render(messages)
+    plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, body.response_format)
+    so, param = constraint_of(body)
+    if plan is not None and plan.constraint is not None:  # plan_tools refused a response_format beside it
+        so, param = plan.constraint, "tools"
+    try:  # tool_choice "none": the model is not told about the tools (nothing would parse its calls)
+        prompt = state.chat.render(chat_messages(body.messages), tools=plan.tools if plan and plan.parse else None)
     except ChatTemplateError as e:
         raise _param("messages", str(e)) from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     prep = prepare(state, prompt, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=logprobs,
-                   prompt_ids=encode_chat(state.adapter.tokenizer, prompt), **_common(state, body))
+                   prompt_ids=encode_chat(state.adapter.tokenizer, prompt), structured_outputs=so,
+                   **_common(state, body))
+    check_constraint(state, prep.params, param or "structured_outputs")
+    prep.tools = plan if plan is not None and plan.parse else None
     return _streaming(prep, body)
 
 
 INLINE_CHARS = 2_000  # shorter prompts tokenize in well under a millisecond: no thread hop
 
 
+def _constrained(body: Any) -> bool:
+    """The body asks for a constraint, which prepare_* compiles (up to [infer] structured_compile_timeout_s)."""
+    rf = getattr(body, "response_format", None)
+    return (getattr(body, "structured_outputs", None) is not None or (rf is not None and rf.type != "text")
+            or (bool(getattr(body, "tools", None)) and getattr(body, "tool_choice", None) != "none"))
+
+
 async def prepare_off_loop(fn: Any, state: ServerState, body: Any, prompt_chars: int) -> Any:
     """Run fn(state, body) (a prepare_*, or /tokenize's) on the event loop for a short prompt, in a thread for a
-    long one (tokenizing a long prompt must not block the loop; a thread hop costs more than a short one)."""
-    if prompt_chars <= INLINE_CHARS:
+    long one (tokenizing a long prompt must not block the loop; a thread hop costs more than a short one) or a
+    constrained one (compiling a grammar can take up to its time limit)."""
+    if prompt_chars <= INLINE_CHARS and not _constrained(body):
         return fn(state, body)
     return await asyncio.to_thread(fn, state, body)

@@ -21,7 +21,7 @@ errors.py answers with 400 `invalid_unicode` on every route.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -98,11 +98,27 @@ def sampling_fields(exclude: tuple[str, ...] = (), **defaults: Any) -> dict[str,
     return {name: knob_field(knob, defaults.get(name, ...)) for name, knob in KNOBS.items() if name not in exclude}
 
 
+JsonSchema = dict[str, Any]
+
+
+class StructuredOutputsBody(BaseModel):
+    """vLLM's `structured_outputs` (extra body): exactly one of these constrains the output."""
+
+    model_config = STRICT
+    json_: Union[JsonSchema, str, None] = Field(None, alias="json", description="A JSON Schema (or its text).")
+    json_object: bool | None = Field(None, description="true: any JSON object.")
+    regex: str | None = Field(None, description="The whole output matches this regex (llguidance's syntax).")
+    choice: list[str] | None = Field(None, min_length=1, description="The output is one of these strings.")
+    grammar: str | None = Field(None, description="A grammar in llguidance's Lark syntax.")
+
+
 # logprobs: /generate's answer has no logprobs
 GENERATE_EXCLUDES = ("logprobs",)
 GenerateRequest = create_model(
     "GenerateRequest", __base__=RequestBody, __doc__="POST /generate body: a prompt and every sampling parameter.",
     prompt=(str, Field(description="Text to continue; at most ServeConfig.max_prompt_chars characters.")),
+    structured_outputs=(Optional[StructuredOutputsBody], Field(None, description="What the text must match "
+                                                                                 "(exactly one kind).")),
     **sampling_fields(exclude=GENERATE_EXCLUDES))
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
+from tinystack.infer.chat import ChatTemplateError, encode_chat
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatMessage
-from tinystack.serve.api.requests import check_prompt_chars, check_token_ids
+from tinystack.serve.api.requests import chat_messages, check_prompt_chars, check_token_ids
 from tinystack.serve.api.schemas import STRICT
 from tinystack.serve.state import ServerState
 
@@ -56,7 +56,7 @@ def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
         check_prompt_chars(state, len(body.prompt))
         ids = tokenizer.encode_ordinary(body.prompt)
     else:
-        messages = [{"role": m.role, "content": message_text(m.content)} for m in body.messages]
+        messages = chat_messages(body.messages)
         check_prompt_chars(state, sum(len(m["content"]) for m in messages))
         try:
             prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt)

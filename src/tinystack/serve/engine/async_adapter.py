@@ -68,6 +68,11 @@ class AsyncEngineAdapter:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
+    def compile_constraint(self, params: SamplingParams) -> Any:
+        """params.structured_outputs compiled (the engine's cache, so adding the request does not compile again);
+        GrammarError when it cannot be. Blocks up to [infer] structured_compile_timeout_s."""
+        return self.llm.compile_constraint(params)
+
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 

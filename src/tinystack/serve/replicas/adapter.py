@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tinystack.infer.llm_engine import LLMEngine
+from tinystack.infer.structured import compile_grammar
 from tinystack.observe.usage import SequenceUsage
 from tinystack.sampling_params import SamplingParams
 from tinystack.serve.api.context import current_context
@@ -63,12 +64,14 @@ def _lost_replica(e: BaseException) -> bool:
 
 
 class ReplicaAdapter:
-    def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str, retries: int = 3) -> None:
+    def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str, retries: int = 3,
+                 compile_timeout_s: float = 5.0) -> None:
         self.handle = handle
         self._streaming: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self.app_name = app_name
         self.replicas = replicas
         self.retries = retries
+        self.compile_timeout_s = compile_timeout_s
         self.tokenizer = load_tokenizer(model_dir)
         self.eos_token_id: int | None = getattr(self.tokenizer, "eos_token_id", None)
         info = handle.info.remote().result(timeout_s=120)  # also starts this handle's router
@@ -89,6 +92,11 @@ class ReplicaAdapter:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+    def compile_constraint(self, params: SamplingParams) -> Any:
+        """Checked at the gateway with its own copy of the tokenizer, so a bad constraint is a 400 before any
+        replica is asked (each replica compiles it again, into its own cache)."""
+        return compile_grammar(params.structured_outputs, self.tokenizer, self.compile_timeout_s)
 
     # ---------------------------------------------------------------- replicas
     def replica_stats(self) -> dict[str, dict[str, Any]]:

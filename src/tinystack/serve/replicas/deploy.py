@@ -95,7 +95,8 @@ def deploy(model_dir: str | Path, cfg: Config) -> Any:
 def gateway_adapter(handle: Any, model_dir: str | Path, cfg: Config) -> Any:
     from tinystack.serve.replicas.adapter import ReplicaAdapter
 
-    return ReplicaAdapter(handle, model_dir, replicas=cfg.serve.replicas, app_name=APP_NAME)
+    return ReplicaAdapter(handle, model_dir, replicas=cfg.serve.replicas, app_name=APP_NAME,
+                          compile_timeout_s=cfg.infer.structured_compile_timeout_s)
 
 
 def shutdown(started_here: bool) -> None:

@@ -4,6 +4,10 @@
 // joins the conversation only once its answer has arrived whole: a failed or stopped request leaves the
 // conversation as it was and the message in the box, to send again.
 //
+// Structured outputs: the response-format box sends `response_format` (none, json_object, or json_schema with
+// the schema typed below it); the tools box (chat) sends `tools`, and the answer's calls arrive as
+// delta.tool_calls pieces, assembled and shown as calls ("name(arguments)"), never as text.
+//
 // The answer is server-sent events over a POST, so it is read with fetch + a stream reader
 // (EventSource can only GET): events are separated by a blank line, each `data: <json>`, the
 // last `data: [DONE]`. With stream_options.include_usage the final chunk (choices: []) carries
@@ -13,7 +17,8 @@ import { resolveTiming } from "/ui/timing.js";
 
 const $ = (id) => document.getElementById(id);
 let controller = null;  // AbortController of the request in flight
-const history = [];  // the conversation so far: {role: "user" | "assistant", content}
+const history = [];  // the conversation so far: {role: "user" | "assistant", content[, tool_calls]}
+let calls = [];  // the answer's tool calls so far: {id, type, function: {name, arguments}}
 
 const chatMode = () => $("mode-chat").checked;
 
@@ -36,9 +41,44 @@ function requestBody(chat, text) {
     seed: num("seed", (v) => parseInt(v, 10)),
     stream: true,
     stream_options: { include_usage: true },
+    ...structuredFields(chat),
   };
   for (const k of Object.keys(body)) if (body[k] === null || Number.isNaN(body[k])) delete body[k];
   return body;
+}
+
+/** response_format and tools from their boxes (a JSON error is thrown, shown as the request's error). */
+function structuredFields(chat) {
+  const out = {};
+  const format = $("response-format").value;
+  if (format === "json_object") out.response_format = { type: "json_object" };
+  if (format === "json_schema") {
+    let schema;
+    try { schema = JSON.parse($("json-schema").value); } catch (e) { throw new Error(`JSON Schema: ${e.message}`); }
+    out.response_format = { type: "json_schema", json_schema: { name: "playground", schema } };
+  }
+  const tools = $("tools").value.trim();
+  if (chat && tools) {
+    try { out.tools = JSON.parse(tools); } catch (e) { throw new Error(`tools: ${e.message}`); }
+  }
+  return out;
+}
+
+/** Add a stream's delta.tool_calls pieces to `calls` (the first piece of a call has its id and name, the
+ * next ones more of its arguments) and show every call. */
+function addToolCalls(pieces) {
+  for (const p of pieces) {
+    if (!calls[p.index]) calls[p.index] = { id: p.id, type: "function", function: { name: p.function.name, arguments: "" } };
+    calls[p.index].function.arguments += p.function.arguments || "";
+  }
+  $("tool-calls").hidden = calls.length === 0;
+  $("tool-calls").replaceChildren(...calls.map((c) => {
+    const div = document.createElement("div");
+    div.className = "tool-call";
+    div.dataset.name = c.function.name;
+    div.textContent = `\u2192 ${c.function.name}(${c.function.arguments})`;
+    return div;
+  }));
 }
 
 function setState(state, text) {
@@ -95,12 +135,12 @@ function renderTiming(t) {
   $("timing-source").textContent = `from: ${used.join(", ") || "nothing measured"}`;
 }
 
-function addTurn(role, content) {
-  history.push({ role, content });
+function addTurn(role, content, toolCalls) {
+  history.push(toolCalls && toolCalls.length ? { role, content: content || null, tool_calls: toolCalls } : { role, content });
   const div = document.createElement("div");
   div.className = `turn ${role}`;
   div.dataset.role = role;
-  div.textContent = content;
+  div.textContent = content + (toolCalls || []).map((c) => `\n\u2192 ${c.function.name}(${c.function.arguments})`).join("");
   $("conversation").append(div);
 }
 
@@ -109,6 +149,7 @@ function newChat() {
   history.length = 0;
   $("conversation").replaceChildren();
   $("output").textContent = "";
+  addToolCalls((calls = []));
   $("error").hidden = true;
   $("timing").hidden = true;
   setState("idle", "");
@@ -116,6 +157,7 @@ function newChat() {
 
 function showMode() {
   $("chat-only").hidden = !chatMode();
+  $("tools").hidden = !chatMode();
   $("new-chat").hidden = !chatMode();
   $("prompt").placeholder = chatMode() ? "Type a message, then Send (Ctrl+Enter)" : "Type a prompt, then Send (Ctrl+Enter)";
 }
@@ -127,6 +169,7 @@ async function send(event) {
   if (chat && !message.trim()) { showError("type a message first"); return; }
   controller = new AbortController();
   $("output").textContent = "";
+  addToolCalls((calls = []));
   $("error").hidden = true;
   $("timing").hidden = true;
   setState("streaming", "streaming\u2026");
@@ -147,6 +190,7 @@ async function send(event) {
       for (const c of msg.choices || []) {
         const text = chat ? c.delta && c.delta.content : c.text;
         if (text) $("output").append(text);
+        if (chat && c.delta && c.delta.tool_calls) addToolCalls(c.delta.tool_calls);
       }
       if (msg.usage) usage = msg.usage;
       if (msg.timing) timing = msg.timing;
@@ -165,7 +209,7 @@ async function send(event) {
   const tokens = usage ? ` \u00b7 ${usage.prompt_tokens} prompt + ${usage.completion_tokens} generated tokens` : "";
   if (chat && !failed) {  // the turn is whole: it joins the conversation, the box is free for the next one
     addTurn("user", message);
-    addTurn("assistant", $("output").textContent);
+    addTurn("assistant", $("output").textContent, calls);
     $("prompt").value = "";
   }
   setState(failed ? "error" : "done", (failed ? "failed" : "done") + tokens);
@@ -174,6 +218,7 @@ async function send(event) {
 setupKeyField();
 showMode();
 for (const id of ["mode-chat", "mode-complete"]) $(id).addEventListener("change", showMode);
+$("response-format").addEventListener("change", () => { $("json-schema").hidden = $("response-format").value !== "json_schema"; });
 $("new-chat").addEventListener("click", newChat);
 $("form").addEventListener("submit", send);
 $("stop").addEventListener("click", () => controller && controller.abort());

@@ -1,0 +1,118 @@
+"""OpenAI tools -> what the model is asked (the template's `tools`) and how its answer is constrained.
+
+Every call is written in one format (infer/chat_tools.py, docs/serve.md):
+
+    <tool_call>{"name": "<function>", "arguments": <JSON matching the function's parameters>}</tool_call>
+
+    tool_choice "none"                  no constraint; the answer is plain text (nothing is parsed)
+    tool_choice "auto" (the default)    a structural tag: free text until the model writes <tool_call>, then
+                                        the call's name and arguments are constrained; plain answers are never
+                                        constrained
+    tool_choice "required"              a Lark grammar: the whole answer is one or more calls (one when
+                                        parallel_tool_calls is false), one right after the other
+    {"type": "function", ...}           the same grammar with that one function, exactly one call
+
+`parallel_tool_calls: false` with "auto" cannot be said in a structural tag: the answer's calls after the first
+are dropped when it is parsed (tool_parser.py). Refused with a 400 naming the field: tool_choice without tools,
+tool_choice naming a function that is not in tools, two tools with one name, a function whose `parameters` is
+not a JSON Schema of type object, a response_format other than text with tools (unless tool_choice is "none").
+The arguments schemas themselves are checked by compiling the constraint (structured.check_constraint).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinystack.infer.chat_tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from tinystack.sampling_params import StructuredOutputs
+from tinystack.serve.api.errors import ApiError
+
+NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@dataclass
+class ToolPlan:
+    """What a chat request's tools mean for its prompt, its constraint and its answer."""
+
+    tools: list[dict[str, Any]]  # OpenAI tool dicts, for the chat template
+    choice: str  # none | auto | required | named
+    constraint: StructuredOutputs | None = None
+    max_calls: int | None = None  # calls kept when the answer is parsed (None: all)
+    schemas: dict[str, dict] = field(default_factory=dict)  # function name -> its arguments' schema
+
+    @property
+    def parse(self) -> bool:
+        """Calls are parsed out of the answer (not with tool_choice "none")."""
+        return self.choice != "none"
+
+
+def _invalid(param: str, message: str) -> ApiError:
+    return ApiError(400, message, "invalid_value", param=param)
+
+
+def begin(name: str) -> str:
+    """The text a call starts with, up to its arguments."""
+    return f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+
+END = "}" + TOOL_CALL_CLOSE
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text)  # Lark string literals take JSON's escapes
+
+
+def calls_grammar(schemas: dict[str, dict], many: bool) -> str:
+    """A Lark grammar (llguidance's, with %json) for an answer that is only calls: one, or one or more."""
+    # calls follow each other with nothing between: after a call the model's only choices are another call or
+    # EOS (with a newline allowed, SmolLM2 takes it and is then forced into a second call it did not want)
+    rules = [f"start: call{'+' if many else ''}",
+             "call: " + " | ".join(f"c{i}" for i in range(len(schemas)))]
+    for i, (name, schema) in enumerate(schemas.items()):
+        rules.append(f"c{i}: {_lit(begin(name))} a{i} {_lit(END)}")
+        rules.append(f"a{i}: %json {json.dumps(schema)}")
+    return "\n".join(rules) + "\n"
+
+
+def structural_tag(schemas: dict[str, dict]) -> dict[str, Any]:
+    """vLLM's structural tag for tool_choice "auto": any text, and after <tool_call> one of the functions."""
+    return {"triggers": [TOOL_CALL_OPEN],
+            "structures": [{"begin": begin(name), "schema": schema, "end": END} for name, schema in schemas.items()]}
+
+
+def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool, response_format: Any) -> ToolPlan | None:
+    """A chat body's tools, tool_choice and parallel_tool_calls -> ToolPlan (None: no tools); 400s as listed in the
+    module docstring."""
+    if not tools:
+        if tool_choice is not None and tool_choice != "none":
+            raise _invalid("tool_choice", "tool_choice needs tools: this request lists none")
+        return None
+    schemas: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.function
+        if fn.name in schemas:
+            raise _invalid("tools", f"tools[{i}]: a second function named {fn.name!r}")
+        params = NO_ARGUMENTS if fn.parameters is None else fn.parameters
+        if params.get("type") != "object":
+            raise _invalid("tools", f"tools[{i}].function.parameters must be a JSON Schema with \"type\": \"object\" "
+                                    f"(function {fn.name!r})")
+        schemas[fn.name] = params
+    choice = "auto" if tool_choice is None else tool_choice if isinstance(tool_choice, str) else "named"
+    if choice == "named" and tool_choice.function.name not in schemas:
+        raise _invalid("tool_choice", f"tool_choice names the function {tool_choice.function.name!r}, which is not "
+                                      f"in tools ({', '.join(schemas)})")
+    if choice != "none" and response_format is not None and response_format.type != "text":
+        raise _invalid("response_format", "response_format other than text cannot be combined with tools "
+                                          "(unless tool_choice is \"none\")")
+    dicts = [t.model_dump(exclude_none=True, by_alias=True) for t in tools]
+    plan = ToolPlan(dicts, choice, schemas=schemas, max_calls=None if parallel else 1)
+    if choice == "auto":
+        plan.constraint = StructuredOutputs(structural_tag=structural_tag(schemas))
+    elif choice == "required":
+        plan.constraint = StructuredOutputs(grammar=calls_grammar(schemas, many=parallel))
+    elif choice == "named":
+        name = tool_choice.function.name
+        plan.constraint = StructuredOutputs(grammar=calls_grammar({name: schemas[name]}, many=False))
+        plan.max_calls = 1
+    return plan
