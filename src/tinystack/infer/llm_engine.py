@@ -220,7 +220,7 @@ class LLMEngine:
             elif seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
                 ready.append((i, seq))
                 rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids))
-        picked = logits[[last[i] for i, _ in ready]]
+        picked = logits[[last[i] for i, _ in ready]].float()  # rows of their own: masking writes in place
         if masks is not None:  # the constrained rows, in `ready` order (both follow the batch's order)
             picked = self.masker.apply(picked, [j for j, (_, s) in enumerate(ready) if s.matcher], masks)
         tokens, infos = sample_batch(picked, rows) if ready else ([], [])
