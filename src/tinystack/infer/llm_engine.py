@@ -20,7 +20,6 @@ Not thread-safe: one thread drives it (LLM.generate, or AsyncEngine's engine thr
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from itertools import accumulate
 from typing import Callable
 
@@ -29,6 +28,7 @@ import torch
 from tinystack.config import InferConfig
 from tinystack.infer.batcher import DynamicBatcher
 from tinystack.infer.block_manager import BlockManager
+from tinystack.infer.detokenize import detokenize, make_delta, request_output
 from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.outputs import RequestOutput, TokenDelta
@@ -163,7 +163,7 @@ class LLMEngine:
             return None
         self.scheduler.finish(seq, "abort")
         seq.text = self.tokenizer.decode(seq.output_ids) if not seq.params.stop else seq.text
-        return self._output(seq)
+        return request_output(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -281,7 +281,7 @@ class LLMEngine:
             if info is not None:
                 seq.logprobs.append(info)
             if p.stop or self.stream_text:
-                self._detokenize(seq)
+                detokenize(self.tokenizer, seq)
                 reason = seq.finish_reason
             if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
                 reason = "length"
@@ -296,40 +296,4 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._seqs.pop(seq.request_id, None)
-        return self._delta(seq)
-
-    def _detokenize(self, seq: Sequence) -> None:
-        text = self.tokenizer.decode(seq.output_ids)
-        for s in seq.params.stop:
-            cut = text.find(s, max(0, len(seq.text) - len(s)))
-            if cut >= 0:
-                text, seq.finish_reason = text[:cut], "stop"
-        seq.text = text
-
-    def _delta(self, seq: Sequence) -> TokenDelta | None:
-        out = seq.output_ids
-        finished = seq.finish_reason is not None
-        if finished and not (seq.params.stop or self.stream_text):
-            seq.text = self.tokenizer.decode(out)
-        new_ids = out[seq.tokens_streamed:]
-        logprobs = seq.logprobs[seq.tokens_streamed:] if seq.params.logprobs is not None else None
-        seq.tokens_streamed = len(out)
-        text = ""
-        if self.stream_text or finished:
-            safe = len(seq.text)
-            if not finished:  # hold back what may be half a character or the start of a stop string
-                while safe and seq.text[safe - 1] == "\ufffd":
-                    safe -= 1
-                safe = max(seq.streamed, safe - max((len(s) for s in seq.params.stop), default=1) + 1)
-            text, seq.streamed = seq.text[seq.streamed:safe], max(seq.streamed, safe)
-        if not new_ids and not text and not finished:
-            return None
-        return TokenDelta(seq.request_id, new_ids, text, seq.finish_reason, self._output(seq) if finished else None,
-                          logprobs)
-
-    def _output(self, seq: Sequence) -> RequestOutput:
-        # a copy of the sequence's record: an output does not change after it is handed out
-        m = replace(seq.metrics, finished=time.perf_counter() if seq.finish_reason else None)
-        return RequestOutput(seq.request_id, seq.prompt, list(seq.prompt_ids), seq.text, list(seq.output_ids),
-                             seq.finish_reason, list(seq.logprobs) if seq.params.logprobs is not None else None, m,
-                             seq.num_cached_prompt_tokens, seq.num_preemptions)
+        return make_delta(self.tokenizer, seq, self.stream_text)
