@@ -9,7 +9,9 @@ the next-token bitmask is filled (timed: "mask time per token"), the token's bit
 accepted; at the end the matcher must be in an accepting state. A valid instance must get to the end accepted,
 an invalid one must be refused somewhere. Per engine: schemas compiled / refused, instances passing,
 valid-rejected, invalid-accepted, mask p50/p99 and first mask p50/p99 (ms); and every instance where ours and
-llguidance-direct disagree (the issue's target: none). Same token ids for every engine; all single-threaded.
+llguidance-direct disagree (the issue's target: none). Same token ids for every engine; the engines' order rotates
+from one schema to the next. Then the engine's own per-step cost around the masks (BatchMasker: fill on its
+thread, apply to the logits) for 1 and 16 rows, at 1 torch thread and at torch's default.
 
 Part 2 (--e2e, bench_structured_e2e): SmolLM2-135M-Instruct through LLM and (where the server takes
 response_format) `tinystack serve`: 16 concurrent and batch-1 requests with a JSON Schema vs the same requests
@@ -26,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_structured_engines as eng  # noqa: E402
@@ -136,6 +140,8 @@ def part1(cases_dir: Path, model_dir: Path, tok) -> dict:
     res["ours_vs_llguidance"] = disagreements(cases, ours, direct)
     if "xgrammar" in runs:
         res["ours_vs_xgrammar_count"] = len(disagreements(cases, ours, runs["xgrammar"]))
+    threads = sorted({1, torch.get_num_threads()})
+    res["engine_mask_step"] = [eng.engine_mask_step(tok, rows, t) for rows in (1, 16) for t in threads]
     return res
 
 
@@ -152,6 +158,9 @@ def print_part1(res: dict) -> None:
               f"llguidance={row['b']}")
     if "ours_vs_xgrammar_count" in res:
         print(f"ours vs xgrammar: {res['ours_vs_xgrammar_count']} instances differ")
+    print("engine's BatchMasker per step (median ms): "
+          + "; ".join(f"{r['rows']} rows, {r['torch_threads']} torch threads: fill {r['fill_ms_p50']}, apply "
+                      f"{r['apply_ms_p50']}" for r in res["engine_mask_step"]))
 
 
 def main() -> None:

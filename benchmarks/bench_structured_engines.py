@@ -210,3 +210,35 @@ def walk(engine, grammar, tokens: list[int]) -> Walk:
             return Walk(False, i, "accept", times)
     ok = engine.may_stop(m)
     return Walk(ok, None if ok else len(tokens), "ok" if ok else "end", times)
+
+
+def engine_mask_step(tok, rows: int, threads: int, reps: int = 30) -> dict:
+    """What the engine pays per step for `rows` constrained rows beyond the masks themselves: BatchMasker.start
+    (the fill, on its worker thread) and BatchMasker.apply (the bitmask unpacked and the logits [rows, V] masked),
+    with torch at `threads` intra-op threads; median ms over `reps` calls, the fill waited for before apply."""
+    import torch
+
+    from tinystack.infer.structured import BatchMasker, Matcher, compile_grammar
+    from tinystack.sampling_params import StructuredOutputs
+
+    grammar = compile_grammar(StructuredOutputs(json={"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}}}), tok, COMPILE_TIMEOUT_S)
+    matchers = [Matcher(grammar) for _ in range(rows)]
+    masker, logits = BatchMasker(tok.vocab_size, rows), torch.randn(rows, tok.vocab_size)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    fills, applies = [], []
+    try:
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            future = masker.start(matchers)
+            future.result()
+            t1 = time.perf_counter()
+            masker.apply(logits, list(range(rows)), future)
+            fills.append(t1 - t0)
+            applies.append(time.perf_counter() - t1)
+    finally:
+        torch.set_num_threads(before)
+    med = sorted(fills[1:])[reps // 2], sorted(applies[1:])[reps // 2]
+    return {"rows": rows, "torch_threads": threads, "fill_ms_p50": round(med[0] * 1e3, 3),
+            "apply_ms_p50": round(med[1] * 1e3, 3)}
