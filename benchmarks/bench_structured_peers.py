@@ -17,6 +17,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -93,7 +94,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(base: str, proc: subprocess.Popen, limit_s: float = 180) -> None:
+def _wait_ready(base: str, proc: subprocess.Popen, limit_s: float = 420) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -109,49 +110,58 @@ def _wait_ready(base: str, proc: subprocess.Popen, limit_s: float = 180) -> None
 
 
 def http_bench(model_dir, people: list[str], prompt_of, schema: dict, new: int, trials: int = 2) -> dict:
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "tinystack", "serve", "--model", str(model_dir), "--port",
-                             str(port), "--log-level", "warning", "--set", "infer.max_num_seqs=16"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """The server side by side with itself (constrained vs not); a server that fails to start or answer is a
+    status line with the tail of its log, never an exception that loses the other parts' figures."""
+    with tempfile.TemporaryFile("w+") as log:
+        port = _free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "tinystack", "serve", "--model", str(model_dir), "--port",
+                                 str(port), "--log-level", "warning", "--set", "infer.max_num_seqs=16"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            return _http_runs(f"http://127.0.0.1:{port}", proc, people, prompt_of, schema, new, trials)
+        except (RuntimeError, OSError, KeyError, ValueError) as e:
+            log.seek(0)
+            return {"status": f"failed: {e}", "server_log_tail": log.read()[-1500:]}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _http_runs(base: str, proc, people: list[str], prompt_of, schema: dict, new: int, trials: int) -> dict:
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
 
     def body(who: str, **extra) -> dict:
         return {"model": "x", "messages": [{"role": "user", "content": prompt_of(who)}], "temperature": 0,
                 "max_tokens": new, **extra}
 
-    try:
-        _wait_ready(base, proc)
-        code, answer = _post(base + "/v1/chat/completions", body(people[0], response_format=fmt, max_tokens=8))
-        if code != 200:
-            return {"status": f"pending: the server refuses response_format json_schema (HTTP {code})",
-                    "answer": json.dumps(answer)[:300], "request": body(people[0], response_format=fmt)}
-        url = base + "/v1/chat/completions"
-        with ThreadPoolExecutor(len(people)) as pool:
-            def burst(bodies: list[dict]) -> tuple[float, list[dict]]:
-                t0 = time.perf_counter()
-                outs = [a for _, a in pool.map(lambda b: _post(url, b), bodies)]
-                return time.perf_counter() - t0, outs
+    _wait_ready(base, proc)
+    code, answer = _post(base + "/v1/chat/completions", body(people[0], response_format=fmt, max_tokens=8))
+    if code != 200:
+        return {"status": f"pending: the server refuses response_format json_schema (HTTP {code})",
+                "answer": json.dumps(answer)[:300], "request": body(people[0], response_format=fmt)}
+    url = base + "/v1/chat/completions"
+    with ThreadPoolExecutor(len(people)) as pool:
+        def burst(bodies: list[dict]) -> tuple[float, list[dict]]:
+            t0 = time.perf_counter()
+            outs = [a for _, a in pool.map(lambda b: _post(url, b), bodies)]
+            return time.perf_counter() - t0, outs
 
-            _, warm = burst([body(w, response_format=fmt) for w in people])
-            lengths = [max(1, a["usage"]["completion_tokens"]) for a in warm]
-            runs = {"constrained": [body(w, response_format=fmt) for w in people],
-                    "unconstrained": [body(w, max_tokens=n, ignore_eos=True) for w, n in zip(people, lengths)]}
-            rec: dict[str, list[float]] = {k: [] for k in runs}
-            last: dict[str, list[dict]] = {}
-            for t in range(trials):
-                for name in runs if t % 2 == 0 else list(runs)[::-1]:
-                    wall, outs = burst(runs[name])
-                    rec[name].append(sum(a["usage"]["completion_tokens"] for a in outs) / wall)
-                    last[name] = outs
-        texts = [a["choices"][0]["message"]["content"] for a in last["constrained"]]
-        tps = {k: statistics.median(v) for k, v in rec.items()}
-        return {"status": "ran", "requests": len(people), "tokens_per_s": tps, "trials": trials,
-                "tokens_per_s_ratio": tps["constrained"] / tps["unconstrained"],
-                "validate": sum(valid(x, schema) for x in texts), "example": texts[0][:200]}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _, warm = burst([body(w, response_format=fmt) for w in people])
+        lengths = [max(1, a["usage"]["completion_tokens"]) for a in warm]
+        runs = {"constrained": [body(w, response_format=fmt) for w in people],
+                "unconstrained": [body(w, max_tokens=n, ignore_eos=True) for w, n in zip(people, lengths)]}
+        rec: dict[str, list[float]] = {k: [] for k in runs}
+        last: dict[str, list[dict]] = {}
+        for t in range(trials):
+            for name in runs if t % 2 == 0 else list(runs)[::-1]:
+                wall, outs = burst(runs[name])
+                rec[name].append(sum(a["usage"]["completion_tokens"] for a in outs) / wall)
+                last[name] = outs
+    texts = [a["choices"][0]["message"]["content"] for a in last["constrained"]]
+    tps = {k: statistics.median(v) for k, v in rec.items()}
+    return {"status": "ran", "requests": len(people), "tokens_per_s": tps, "trials": trials,
+            "tokens_per_s_ratio": tps["constrained"] / tps["unconstrained"],
+            "validate": sum(valid(x, schema) for x in texts), "example": texts[0][:200]}
