@@ -6,7 +6,7 @@ and one walk of an instance's tokens through a matcher.
     Ours              tinystack.infer.structured: compile_grammar (its cache cleared before every timed compile,
                       so no schema is served from an earlier one), Matcher over our tokenizer's bridge
     LlgDirect         llguidance.LLMatcher on llguidance's own tokenizer built from tokenizer.json's text, the same
-                      grammar options as ours (whitespace_flexible), numpy bitmask: the thinnest path
+                      grammar options as ours (structured.grammar.JSON_DEFAULTS), numpy bitmask: the thinnest path
     XGrammar          xgrammar's GrammarCompiler (cache off, strict_mode=False so additionalProperties keeps JSON
                       Schema's meaning) and GrammarMatcher on the `transformers` tokenizer of the same file
     walk(engine, grammar, tokens)  per token: fill the mask (timed), check the token's bit, accept it;
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from tinystack.infer.structured.grammar import JSON_DEFAULTS
 
 COMPILE_TIMEOUT_S = 5.0  # InferConfig.structured_compile_timeout_s's default: what the engine would wait
 
@@ -125,7 +127,7 @@ class LlgDirect:
 
     def compile(self, schema: Any):
         try:
-            text = self.llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": True})
+            text = self.llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_DEFAULTS)
         except (ValueError, TypeError, KeyError, AssertionError) as e:
             raise Refused(str(e)) from None
         m = self.llg.LLMatcher(self.lltok, text, log_level=0)

@@ -118,6 +118,12 @@ def test_matcher_walks_valid_instances_and_refuses_invalid(tok):
     m = Matcher(compile_grammar(StructuredOutputs(json=PERSON), tok, 5))
     assert walk(m, tok.encode_plain(json.dumps({"name": "Ada", "age": 36, "city": "Lima"})), tok.vocab_size)
     assert walk(m, tok.encode_plain('{"name":"Ada","age":36,"city":"Lima"}'), tok.vocab_size)
+    assert walk(m, tok.encode_plain('{\n  "name": "Ada",\n  "age": 36,\n  "city": "Lima"\n}'), tok.vocab_size)
+    # one fixed layout where the schema asks for it (llguidance's x-guidance options)
+    fixed = Matcher(compile_grammar(StructuredOutputs(json={**PERSON, "x-guidance": {"whitespace_flexible": False}}),
+                                    tok, 5))
+    assert walk(fixed, tok.encode_plain('{"name":"Ada","age":36,"city":"Lima"}'), tok.vocab_size)
+    assert not walk(fixed, tok.encode_plain('{"name": "Ada", "age": 36, "city": "Lima"}'), tok.vocab_size)
     for bad in ({"name": "Ada", "age": 36}, {"name": "Ada", "age": -1, "city": "Lima"},
                 {"name": "Ada", "age": 36, "city": "Rome"}, {"name": "Ada", "age": 36, "city": "Lima", "x": 1}):
         assert not walk(m, tok.encode_plain(json.dumps(bad)), tok.vocab_size), bad
