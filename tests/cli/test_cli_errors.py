@@ -1,6 +1,12 @@
-"""User errors through the real command line (a subprocess, as a user runs it): one line on stderr, exit status 2,
-no traceback; and `tinystack hash-key`, which reads the key from stdin or a hidden prompt, never from argv."""
+"""User errors on the command line: one line on stderr, exit status 2, no traceback; and `tinystack hash-key`, which
+reads the key from stdin or a hidden prompt, never from argv.
+
+The checks run `tinystack.cli.main` in-process, as the console entry point does (argv in, SystemExit out), so no
+test pays a fresh interpreter's torch import per error. Two stay real subprocesses, where the process is what is
+tested: `python -m tinystack` refusing a prompt after the engine started (its exit must not abort while the
+KV-prefault thread runs) and hash-key's hidden prompt on a pseudo-terminal."""
 import hashlib
+import io
 import os
 import pty
 import select
@@ -14,22 +20,49 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tinystack.cli import main
 from tinystack.tokenizer import CharTokenizer
 from tinystack.tokenizer.shards import write_token_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tinystack", *args], check=False, cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def _subprocess(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinystack", *args], check=False, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, *expected: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and proc.stderr.rstrip("\n").endswith(errors[0]), proc.stderr[-3000:]
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """run(*args, stdin="") -> (exit status, stdout, stderr) of `tinystack ARGS` through the entry point's main().
+    A server that would start serving instead of refusing fails the test rather than blocking it."""
+    monkeypatch.delenv("TINYSTACK_DEBUG", raising=False)
+
+    def no_server(*a, **k):
+        raise AssertionError("the server started: the error was not caught before serving")
+
+    monkeypatch.setattr("tinystack.serve.serve_forever", no_server)
+
+    def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["tinystack", *map(str, args)])
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        with pytest.raises(SystemExit) as e:
+            main()
+        out = capsys.readouterr()
+        return (e.value.code if isinstance(e.value.code, int) else 0 if e.value.code is None else 1), out.out, out.err
+
+    return run
+
+
+def assert_one_line_error(result, *expected: str) -> None:
+    """`result`: (status, stdout, stderr) from `cli`, or a CompletedProcess."""
+    if isinstance(result, subprocess.CompletedProcess):
+        result = (result.returncode, result.stdout, result.stderr)
+    code, _, stderr = result
+    assert code == 2, (code, stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and stderr.rstrip("\n").endswith(errors[0]), stderr[-3000:]
     for text in expected:
         assert text in errors[0], errors[0]
 
@@ -50,26 +83,26 @@ TINY_TRAIN = ["--n-layer", "1", "--n-head", "1", "--n-embd", "16", "--context-le
               "--eval-interval", "100", "--eval-iters", "1", "--no-plot"]
 
 
-def test_a_diverging_run_stops_with_one_line_naming_the_step(token_dir, tmp_path):
-    proc = _run("train", "--tokens", str(token_dir), "--out", str(tmp_path / "m"), *TINY_TRAIN, "--max-iters", "50",
-                "--learning-rate", "1e30", "--min-lr", "1e29", "--grad-clip", "1e30")
-    assert_one_line_error(proc, "error: loss became", "at step", "train.learning_rate")
+def test_a_diverging_run_stops_with_one_line_naming_the_step(cli, token_dir, tmp_path):
+    result = cli("train", "--tokens", token_dir, "--out", tmp_path / "m", *TINY_TRAIN, "--max-iters", "50",
+                 "--learning-rate", "1e30", "--min-lr", "1e29", "--grad-clip", "1e30")
+    assert_one_line_error(result, "error: loss became", "at step", "train.learning_rate")
     assert not (tmp_path / "m" / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("args", [["generate", "--model", "m", "--prompt", "x"], ["serve", "--model", "m"],
                                   ["train", "--tokens", "t", "--out", "o"], ["run", "--no-serve"]])
-def test_a_device_that_is_not_there_is_one_line(args):
+def test_a_device_that_is_not_there_is_one_line(cli, args):
     """cuda:99 exists nowhere (with or without CUDA); the check runs before any file is read."""
-    assert_one_line_error(_run(*args, "--device", "cuda:99"), "run.device='cuda:99'")
+    assert_one_line_error(cli(*args, "--device", "cuda:99"), "run.device='cuda:99'")
 
 
-def test_cuda_on_a_machine_without_it_is_one_line():
+def test_cuda_on_a_machine_without_it_is_one_line(cli):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: covered by the cuda:99 test")
-    assert_one_line_error(_run("generate", "--model", "m", "--prompt", "x", "--device", "cuda"),
+    assert_one_line_error(cli("generate", "--model", "m", "--prompt", "x", "--device", "cuda"),
                           "CUDA is not available")
 
 
@@ -87,8 +120,9 @@ def test_cuda_on_a_machine_without_it_is_one_line():
     (["hash-key", "--set", "tokenizer.kind=word"], "tokenizer.kind: expected one of 'bpe', 'char'"),
     (["eval", "--model", "m", "--tokens", "t", "--set", "run.device=cuda:99"], "run.device='cuda:99'"),
 ])
-def test_bad_values_are_one_line_naming_what_is_allowed(args, expected):
-    assert_one_line_error(_run(*args), expected)
+def test_bad_values_are_one_line_naming_what_is_allowed(cli, monkeypatch, args, expected):
+    monkeypatch.chdir(ROOT)  # "pyproject.toml" above is the repository's
+    assert_one_line_error(cli(*args), expected)
 
 
 @pytest.fixture(scope="module")
@@ -104,49 +138,57 @@ def model_dir(tmp_path_factory) -> Path:
     return d
 
 
-def test_serve_and_generate_refuse_a_bad_key_file_generation_config_or_template_at_once(model_dir, tmp_path):
+def test_serve_and_generate_refuse_a_bad_key_file_generation_config_or_template_at_once(cli, model_dir, tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("not-a-hash\n")
-    assert_one_line_error(_run("serve", "--model", str(model_dir), "--port", "0", "--api-key-file", str(keys)),
+    assert_one_line_error(cli("serve", "--model", model_dir, "--port", "0", "--api-key-file", keys),
                           "keys.txt:1: expected a hex SHA-256")
     bad = tmp_path / "bad_model"
     shutil.copytree(model_dir, bad)
     (bad / "generation_config.json").write_text('{"temperature": 7}')
-    assert_one_line_error(_run("serve", "--model", str(bad), "--port", "0"),
+    assert_one_line_error(cli("serve", "--model", bad, "--port", "0"),
                           "generation_config.json: temperature must be in [0.0, 2.0], got 7")
-    assert_one_line_error(_run("generate", "--model", str(bad), "--prompt", "abc"),  # generate reads it too
+    assert_one_line_error(cli("generate", "--model", bad, "--prompt", "abc"),  # generate reads it too
                           "generation_config.json: temperature must be in [0.0, 2.0], got 7")
     (bad / "generation_config.json").unlink()
     (bad / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}")
-    assert_one_line_error(_run("serve", "--model", str(bad), "--port", "0"), "chat template does not parse (line 1)")
+    assert_one_line_error(cli("serve", "--model", bad, "--port", "0"), "chat template does not parse (line 1)")
 
 
-def test_usage_mistakes_inside_a_command_are_one_line(model_dir, tmp_path):
+def test_usage_mistakes_inside_a_command_are_one_line(cli, model_dir, tmp_path):
     """Checked in the command's body (not by the option parser): still one line, not click's framed box."""
-    assert_one_line_error(_run("generate", "--model", str(model_dir)), "give exactly one of --prompt and --chat")
+    assert_one_line_error(cli("generate", "--model", model_dir), "give exactly one of --prompt and --chat")
     bad = tmp_path / "tpl"
     shutil.copytree(model_dir, bad)
     (bad / "chat_template.jinja").write_text("{% for m in messages %}")
-    assert_one_line_error(_run("generate", "--model", str(bad), "--chat", "hi"), "--chat: chat template does not parse")
-    for _ in range(3):  # refused after the engine started (its KV-prefault thread): still one line, exit 2
-        assert_one_line_error(_run("generate", "--model", str(model_dir), "--prompt", "abcd" * 20),
+    assert_one_line_error(cli("generate", "--model", bad, "--chat", "hi"), "--chat: chat template does not parse")
+    assert_one_line_error(cli("generate", "--model", model_dir, "--prompt", "abcd" * 20),
+                          "--prompt: prompt is 80 tokens; the model's context is 16 tokens")
+    assert_one_line_error(cli("eval", "--model", model_dir), "give --model and --data (and/or --tokens)")
+    assert_one_line_error(cli("bench", "serve"), "give exactly one of --url and --model")
+
+
+def test_the_real_command_refuses_a_prompt_after_the_engine_started_with_one_line(model_dir):
+    """`python -m tinystack` as a user runs it: the error reaches the console as one line and exit status 2, also
+    when the refusal comes after the engine started its KV-prefault thread (exiting while that thread was inside
+    a C++ call once aborted the process: SIGABRT instead of exit 2; three runs, as it was a race)."""
+    for _ in range(3):
+        assert_one_line_error(_subprocess("generate", "--model", str(model_dir), "--prompt", "abcd" * 20),
                               "--prompt: prompt is 80 tokens; the model's context is 16 tokens")
-    assert_one_line_error(_run("eval", "--model", str(model_dir)), "give --model and --data (and/or --tokens)")
-    assert_one_line_error(_run("bench", "serve"), "give exactly one of --url and --model")
 
 
-def test_hash_key_reads_keys_from_stdin_one_per_line():
-    proc = _run("hash-key", stdin="first-key\n  second-key \n\n")
-    assert proc.returncode == 0, proc.stderr
+def test_hash_key_reads_keys_from_stdin_one_per_line(cli):
+    code, out, err = cli("hash-key", stdin="first-key\n  second-key \n\n")
+    assert code == 0, err
     sha = [hashlib.sha256(k.encode()).hexdigest() for k in ("first-key", "second-key")]
-    assert proc.stdout.splitlines() == sha  # surrounding blanks dropped, as the server drops them
-    assert_one_line_error(_run("hash-key", stdin="\n"), "no API key given")
+    assert out.splitlines() == sha  # surrounding blanks dropped, as the server drops them
+    assert_one_line_error(cli("hash-key", stdin="\n"), "no API key given")
 
 
-def test_hash_key_refuses_a_key_on_the_command_line():
-    proc = _run("hash-key", "my-secret")
-    assert proc.returncode == 2 and proc.stdout == ""
-    assert hashlib.sha256(b"my-secret").hexdigest() not in proc.stderr
+def test_hash_key_refuses_a_key_on_the_command_line(cli):
+    code, out, err = cli("hash-key", "my-secret")
+    assert code == 2 and out == ""
+    assert hashlib.sha256(b"my-secret").hexdigest() not in err
 
 
 def _read_until_exit(fd: int, prompt: bytes, answer: bytes, timeout_s: float = 60) -> bytes:

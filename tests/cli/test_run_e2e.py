@@ -66,10 +66,16 @@ def test_the_pretrained_model_was_imported_and_answered_a_chat(smoke_run):
     assert "chat requests (POST /v1/chat/completions" in proc.stdout
 
 
-def test_a_missing_pretrained_model_fails_before_anything_runs(tmp_path):
-    proc = _run("run", "--config", str(SMOKE), "--workdir", str(tmp_path / "w"), "--set",
-                f"run.pretrained={tmp_path / 'absent.gguf'}", timeout=60)
-    assert proc.returncode == 2 and "error: run.pretrained:" in proc.stderr and "Traceback" not in proc.stderr
+def test_a_missing_pretrained_model_fails_before_anything_runs(tmp_path, monkeypatch, capsys):
+    from tinystack.cli import main  # in-process: the refusal is the subject, not a fresh interpreter
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["tinystack", "run", "--config", str(SMOKE), "--workdir", str(tmp_path / "w"),
+                                      "--set", f"run.pretrained={tmp_path / 'absent.gguf'}"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    stderr = capsys.readouterr().err
+    assert e.value.code == 2 and "error: run.pretrained:" in stderr and "Traceback" not in stderr
     assert not (tmp_path / "w" / "data").exists()  # refused before the first stage, not after training
 
 

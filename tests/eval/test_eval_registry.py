@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from registry_race import add_versions
 from typer.testing import CliRunner
 
 from tinystack.eval.case_sets import build_cases, calibrate
@@ -68,17 +69,11 @@ def test_registry_versions_promotion_history_and_rollback(toy_model_dir, tmp_pat
         reg.current("../escape")
 
 
-def _add_and_promote(args):
-    root, src, n = args
-    reg = ModelRegistry(root)
-    return [reg.add("race", src, {}) for _ in range(n)]
-
-
 def test_concurrent_adds_never_lose_or_reuse_a_version(toy_model_dir, tmp_path):
-    with mp.get_context("spawn").Pool(4) as pool:  # one pool (a spawn imports torch): each trial races afresh
+    with mp.get_context("spawn").Pool(4) as pool:  # one pool (a worker's start is an import): each trial races afresh
         for trial in range(3):
             root = tmp_path / f"reg{trial}"
-            got = [v for vs in pool.map(_add_and_promote, [(root, toy_model_dir, 5)] * 4, chunksize=1) for v in vs]
+            got = [v for vs in pool.map(add_versions, [(root, toy_model_dir, 5)] * 4, chunksize=1) for v in vs]
             assert sorted(got, key=lambda v: int(v[1:])) == [f"v{i}" for i in range(1, 21)]
             assert ModelRegistry(root).versions("race") == [f"v{i}" for i in range(1, 21)]
             assert ModelRegistry(root).index("race")["next"] == 21

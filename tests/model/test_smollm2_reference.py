@@ -25,11 +25,20 @@ CONVERSATIONS = [
 ]
 
 
-def test_real_tensors_dequantise_bit_equal(smollm2_gguf):
+@pytest.fixture(scope="module")
+def gguf_reader(smollm2_gguf):
+    """gguf's own reader of the file, parsed once for the two tests below (each parse takes seconds: ~50k
+    tokenizer strings), which only read it."""
     gguf = pytest.importorskip("gguf")
+    return gguf.GGUFReader(smollm2_gguf)
+
+
+def test_real_tensors_dequantise_bit_equal(gguf_reader):
+    import gguf
+
     from tinystack.model.gguf_dequant import dequantize
 
-    reader = gguf.GGUFReader(smollm2_gguf)
+    reader = gguf_reader
     seen = set()
     for t in reader.tensors:  # the first tensor of each type in the file (Q8_0 embedding, Q4_1 weights, F32 norms)
         if t.tensor_type.name in seen:
@@ -41,13 +50,12 @@ def test_real_tensors_dequantise_bit_equal(smollm2_gguf):
     assert seen == {"Q8_0", "Q4_1", "F32"}
 
 
-def test_our_reader_sees_what_ggufs_own_reader_sees(smollm2_gguf):
+def test_our_reader_sees_what_ggufs_own_reader_sees(smollm2_gguf, gguf_reader):
     """open_reader hands gguf.GGUFReader a plain view of its memory map (speed): every metadata field and
     tensor must still be what the library's own reader parses, and the file stays read-only."""
-    gguf = pytest.importorskip("gguf")
     from tinystack.model.gguf_model import open_reader
 
-    ours, ref = open_reader(smollm2_gguf), gguf.GGUFReader(smollm2_gguf)
+    ours, ref = open_reader(smollm2_gguf), gguf_reader
     assert list(ours.fields) == list(ref.fields)
     for key, f in ref.fields.items():
         g = ours.fields[key]

@@ -72,7 +72,7 @@ def test_gradcheck_float64_and_all_ignored_is_nan():
 def test_one_ignore_index_in_every_loss_path(dtype, monkeypatch):
     """token_nll (what every score sums) and lm_loss (training's mean) against F.cross_entropy with
     ignore_index=-100 on random logits with ignored positions, across token_nll's row blocks."""
-    from tinystack.eval import scoring
+    from tinystack.nn import nll as scoring  # token_nll's module (eval.scoring re-exports it)
 
     assert IGNORE_INDEX == -100
     monkeypatch.setattr(scoring, "BLOCK_BYTES", 4 * 53 * 4)  # 4 rows per block: 3 x 9 rows cross boundaries

@@ -1,8 +1,7 @@
 """Scoring a model: the one place a next-token loss is measured (evaluation, validation, the gates).
 
-    token_nll(logits, targets)           per-position next-token NLL in nats, IGNORE_INDEX (-100) targets 0:
-                                         F.cross_entropy(..., ignore_index=-100, reduction="none"), upcast
-                                         to float32 a block of rows at a time (no float32 copy of all logits)
+    token_nll(logits, targets)           per-position next-token NLL in nats, IGNORE_INDEX (-100) targets 0
+                                         (nn/nll.py, where inference's weight-format perplexity uses it too)
     target_logits(model, x, y)           the forward, the head only where a target is (a chat's prompt has none)
     score_batches(model, batches, ..)    THE scoring function: fixed (x, y) batches -> Score (summed nats,
                                          scored tokens, correct argmaxes, bytes when the tokens' lengths are
@@ -37,28 +36,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from tinystack.nn.loss import IGNORE_INDEX
+from tinystack.nn.nll import token_nll
 from tinystack.progress import progress_bar
 
-BLOCK_BYTES = 1 << 21  # float32 logits upcast per block of rows: ~2 MiB, the rest stays in the model's dtype
-
 Batch = tuple[Any, Any]  # x, y: int [B, T] arrays or tensors; y = IGNORE_INDEX where there is no target
-
-
-def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Next-token negative log-likelihood (nats) of logits [..., V] at targets [...], 0 where a target is
-    IGNORE_INDEX; float32 or better whatever the logits' dtype."""
-    vocab = logits.size(-1)
-    flat, t = logits.reshape(-1, vocab), targets.reshape(-1)
-    cdt = torch.promote_types(logits.dtype, torch.float32)
-    out = torch.empty(t.shape, dtype=cdt, device=logits.device)
-    step = max(1, BLOCK_BYTES // (4 * vocab))
-    for i in range(0, len(t), step):
-        out[i:i + step] = F.cross_entropy(flat[i:i + step].to(cdt), t[i:i + step], ignore_index=IGNORE_INDEX,
-                                          reduction="none")
-    return out.view(targets.shape)
 
 
 def target_logits(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,8 @@ name. Files: module.py (Module, ModuleList, Sequential), layers.py, attention.py
 multi-head self-attention), loss.py, mlp.py, optim.py, schedule.py (the project's single LR
 schedule), gradcheck.py; datasets.py (sklearn digits, MNIST IDX) and classify.py (MLP training);
 gpt.py (the NumPy GPT) and gpt_io.py (to/from the PyTorch GPT and the model directory) import
-torch for the shared GPTConfig, so they are imported from their modules, not from here.
+torch for the shared GPTConfig, so they are imported from their modules, not from here; so is nll.py
+(token_nll, the torch next-token loss that evaluation's scores and inference's perplexities both sum).
 """
 from tinystack.nn.attention import CausalSelfAttention
 from tinystack.nn.gradcheck import numerical_grad, rel_error

@@ -17,6 +17,7 @@ padded conversations whose non-assistant targets are IGNORE_INDEX; train.finetun
                       the number `tinystack eval` reports for this checkpoint and split
     every step: one JSON line in the training log
     every ckpt_interval steps (and at the end): ckpt_dir/last.pt, and best.pt when val loss improved
+                                               (train.checkpoint: what they hold, how a resume restores it)
 
 `resume=True` restores model, optimiser, scaler, step, RNG and data position from
 ckpt_dir/last.pt, so N steps + resume + M steps equals N + M steps bit for bit.
@@ -40,7 +41,6 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from tinystack.atomic import atomic_open
 from tinystack.config import EvalConfig, TrainConfig
 from tinystack.errors import UserError
 from tinystack.eval.scoring import score_batches, window_batches
@@ -50,7 +50,15 @@ from tinystack.progress import console
 from tinystack.train import precision
 from tinystack.train.allocator import keep_freed_memory
 from tinystack.train.batches import BatchSampler, get_batch
-from tinystack.train.checkpoint import BEST, LAST, load_checkpoint, save_checkpoint
+from tinystack.train.checkpoint import (
+    BEST,
+    LAST,
+    load_checkpoint,
+    open_log,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
 from tinystack.train.loss import next_token_loss, trim_targets
 
@@ -114,48 +122,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
                              fused=device in ("cpu", "cuda"))
 
 
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The checkpointed part of a model: its trainable parameters and its buffers (all of a full model)."""
-    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    return {k: v for k, v in model.state_dict().items() if k not in frozen}
-
-
-def _restore(ckpt: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer,
-             scaler: torch.amp.GradScaler, sampler: BatchSource, device: torch.device) -> None:
-    expected = trainable_state(model)
-    if set(ckpt["model"]) != set(expected):
-        raise ValueError("--resume: the checkpoint's trainable tensors do not match this model "
-                         f"({len(ckpt['model'])} saved, {len(expected)} expected; same LoRA settings?)")
-    model.load_state_dict(ckpt["model"], strict=False)  # the frozen rest came from the model factory
-    opt.load_state_dict(ckpt["optimizer"])
-    scaler.load_state_dict(ckpt["scaler"])
-    sampler.load_state_dict(ckpt["data"])
-    torch.set_rng_state(ckpt["rng"]["torch"])
-    if "cuda" in ckpt["rng"] and device.type == "cuda":
-        torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
-
-
-def _open_log(log_path: str | Path | None, start_step: int) -> Any:
-    """A fresh log, or on resume the old one cut back to the steps before `start_step` (then appended to)."""
-    if not log_path:
-        return None
-    path = Path(log_path)
-    kept = []
-    if start_step and path.is_file():
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["step"] < start_step]
-    with atomic_open(path) as f:
-        f.write("".join(line + "\n" for line in kept))
-    return open(path, "a", encoding="utf-8")
-
-
 def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray | None, cfg: TrainConfig,
           *, device: str = "cpu", log_path: str | Path | None = None, progress: bool = True,
           ckpt_dir: str | Path | None = None, resume: bool = False,
@@ -211,13 +177,13 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
         cfg = replace(cfg, dtype=dtype)
     scaler = precision.grad_scaler(cfg.dtype, dev.type)
     if ckpt:
-        _restore(ckpt, model, opt, scaler, sampler, dev)
+        restore_training_state(ckpt, model, opt, scaler, sampler, dev)
         start, best_val, val_loss = ckpt["step"], ckpt["best_val_loss"], ckpt["val_loss"]
         final_val = ckpt.get("final_val_loss")
     fwd: torch.nn.Module = torch.compile(model) if cfg.compile else model
     if info.enabled:
         fwd = torch.nn.parallel.DistributedDataParallel(fwd, device_ids=[dev.index] if dev.type == "cuda" else None)
-    log = _open_log(log_path, start) if info.is_main else None
+    log = open_log(log_path, start) if info.is_main else None
     tokens_done = 0  # positions fed to the model since start (all ranks): the work, padding included
     loss_value = float("nan")
     t_start = time.perf_counter()
@@ -254,12 +220,8 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
                     log.flush()
                 save_last = last or (cfg.ckpt_interval > 0 and (step + 1) % cfg.ckpt_interval == 0)
                 if ckpt_dir is not None and info.is_main and (save_last or improved):
-                    state = {"step": step + 1, "model": trainable_state(model), "optimizer": opt.state_dict(),
-                             "scaler": scaler.state_dict(), "scheduler": {"step": step + 1, "last_lr": lr},
-                             "data": sampler.state_dict(), "rng": _rng_state(dev), "val_loss": val_loss,
-                             "final_val_loss": final_val,
-                             "best_val_loss": best_val, "model_config": model.config.to_dict(),
-                             "train_config": asdict(cfg)}
+                    state = training_state(step + 1, model, opt, scaler, sampler, dev, lr=lr, val_loss=val_loss,
+                                           final_val_loss=final_val, best_val_loss=best_val, cfg=cfg)
                     if save_last:
                         save_checkpoint(ckpt_dir / LAST, state)
                     if improved:

@@ -5,7 +5,8 @@
 For each candidate the model is copied and quantised (linear.quantize_model), then
   speed    one batch-1 decode pass over its linear layers (the matmuls that dominate decode),
            REPEATS rounds with the candidates interleaved, median wall time
-  quality  perplexity on a fixed built-in text (calibration.txt, up to MAX_TOKENS tokens of it)
+  quality  perplexity (nn.nll.token_nll, what every score sums) on a fixed built-in text
+           (calibration.txt, up to MAX_TOKENS tokens of it)
            against float32's, computed with decode's arithmetic (kernels.decode_arithmetic: int8
            activations, not prefill's float GEMM), and top-1 agreement: the share of positions where
            the candidate's most likely next token is float32's (teacher-forced greedy agreement)
@@ -34,13 +35,13 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from tinystack.atomic import read_json, write_json
 from tinystack.infer.quant import kernels
 from tinystack.infer.quant.formats import FORMATS
 from tinystack.infer.quant.linear import QuantLinear, quantize_model
 from tinystack.kernels import cpu
+from tinystack.nn.nll import token_nll
 
 CANDIDATES = ("fp32",) + FORMATS
 PPL_BOUNDS = {"fp32": 0.0, "bf16": 0.01, "q8_0": 0.01, "q4_0": 0.05, "q4_1": 0.05}  # relative perplexity change
@@ -123,7 +124,8 @@ def _time_decode_passes(models: dict[str, nn.Module]) -> dict[str, float]:
 def _quality(model: nn.Module, ids: torch.Tensor) -> tuple[float, torch.Tensor]:
     with kernels.decode_arithmetic():  # the kernels decode runs (int8 activations), not prefill's float GEMM
         logits = model(ids[None])[0][0].float()
-    return math.exp(F.cross_entropy(logits[:-1], ids[1:]).item()), logits[:-1].argmax(-1)
+    nll = token_nll(logits[:-1], ids[1:])  # the per-token loss every score sums (eval.scoring's too)
+    return math.exp(nll.double().mean().item()), logits[:-1].argmax(-1)
 
 
 def calibration_ids(tokenizer, max_len: int) -> torch.Tensor:
