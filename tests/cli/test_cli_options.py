@@ -19,6 +19,7 @@ PER_CALL = {
     "top_p", "min_p", "seed", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos",
     "prompt_tokens", "new_tokens", "url", "concurrency", "requests", "rate", "max_seconds", "api_key", "plot",
     "as_json", "key", "no_promote", "baseline", "version", "chat", "system",
+    "json_schema", "regex", "choice", "grammar",  # generate's output constraint (infer/structured)
 }
 SHADOWING = {"seed": "generate's sampling seed, not train.seed", "plot": "bench serve's PNG path, not train.plot"}
 SECTIONS = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in typing.get_type_hints(Config).items()}

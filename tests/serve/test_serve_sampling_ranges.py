@@ -105,9 +105,11 @@ def test_the_request_schemas_are_made_from_the_table(engine):
     default; /openapi.json states the range."""
     table = set(KNOBS)
     others = set(openai_schemas._Fields.model_fields)
-    assert set(schemas.GenerateRequest.model_fields) == {"prompt"} | table - set(schemas.GENERATE_EXCLUDES)
+    assert set(schemas.GenerateRequest.model_fields) == {"prompt", "structured_outputs"} | table - set(
+        schemas.GENERATE_EXCLUDES)
     assert set(openai_schemas.CompletionRequest.model_fields) == others | {"prompt"} | table
-    chat_own = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
+    chat_own = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
+                "tool_choice", "parallel_tool_calls"}
     assert set(openai_schemas.ChatCompletionRequest.model_fields) == others | chat_own | table
     spec = create_app(engine, ServeConfig()).openapi()["components"]["schemas"]
     for model in ("GenerateRequest", "CompletionRequest", "ChatCompletionRequest"):
