@@ -20,7 +20,7 @@ from tinystack.config import InferConfig
 from tinystack.infer import LLMEngine
 from tinystack.infer.chat import chat_formatter, encode_chat
 from tinystack.infer.llm import LLM
-from tinystack.infer.structured import GrammarError, Matcher, compile_grammar
+from tinystack.infer.structured import GrammarError, Matcher, UnsupportedTokenizer, compile_grammar
 from tinystack.infer.structured.grammar import grammar_text
 from tinystack.infer.structured.matcher import bitmask_words
 from tinystack.infer.structured.tokenizer import llg_tokenizer
@@ -103,6 +103,14 @@ def test_our_trained_bpe_bridges_exactly(tmp_path):
     m = Matcher(compile_grammar(StructuredOutputs(regex="héllo (wörld|日本語)"), tok, 5))
     assert walk(m, tok.encode_plain("héllo 日本語"), tok.vocab_size)
     assert not walk(m, tok.encode_plain("héllo there"), tok.vocab_size)
+
+
+def test_a_tokenizer_the_bridge_cannot_read_is_refused_by_name(tmp_path):
+    """The hand-built BPETokenizer object has no template-free encode: one error naming what is missing (the
+    server's 400 structured_outputs_unsupported), not an AttributeError."""
+    bpe = BPETokenizer.train(["abc abd abe " * 10], vocab_size=270)
+    with pytest.raises(UnsupportedTokenizer, match="encode_plain"):
+        compile_grammar(StructuredOutputs(regex="a+"), bpe, 5)
 
 
 def test_special_tokens_never_inside_a_constraint(tok):

@@ -15,5 +15,6 @@ feeds them as a chunk). Constrained rows never speculate.
 """
 from tinystack.infer.structured.grammar import CompiledGrammar, GrammarError, compile_grammar
 from tinystack.infer.structured.matcher import BatchMasker, Matcher
+from tinystack.infer.structured.tokenizer import UnsupportedTokenizer
 
-__all__ = ["BatchMasker", "CompiledGrammar", "GrammarError", "Matcher", "compile_grammar"]
+__all__ = ["BatchMasker", "CompiledGrammar", "GrammarError", "Matcher", "UnsupportedTokenizer", "compile_grammar"]

@@ -83,8 +83,8 @@ def _structural_tag(tag: dict, special_tokens: dict[str, int]) -> str:
 class CompiledGrammar:
     """One compiled constraint for one tokenizer; `matcher()` gives a fresh per-request matcher."""
 
-    def __init__(self, so: StructuredOutputs, matcher: llguidance.LLMatcher, vocab_size: int):
-        self.constraint, self._template, self.vocab_size = so, matcher, vocab_size
+    def __init__(self, so: StructuredOutputs, matcher: llguidance.LLMatcher):
+        self.constraint, self._template = so, matcher
 
     def new_matcher(self) -> llguidance.LLMatcher:
         return self._template.deep_copy()
@@ -113,7 +113,7 @@ def compile_grammar(so: StructuredOutputs, tokenizer: Any, timeout_s: float) -> 
                                     "(infer.structured_compile_timeout_s)") from None
     if matcher.is_error():
         raise GrammarError(so.kind, _first_line(matcher.get_error()))
-    compiled = CompiledGrammar(so, matcher, lltok.vocab_size)
+    compiled = CompiledGrammar(so, matcher)
     with _lock:
         _cache[key] = compiled
         while len(_cache) > CACHE_SIZE:

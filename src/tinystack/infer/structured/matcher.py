@@ -69,9 +69,6 @@ class Matcher:
     def forced_tokens(self) -> list[int]:
         return self.ll.compute_ff_tokens()
 
-    def accept_all(self, tokens: list[int]) -> bool:
-        return self.ll.consume_tokens(tokens)
-
     def reset(self) -> None:
         self.ll.reset()
 

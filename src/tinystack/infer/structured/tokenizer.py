@@ -15,6 +15,13 @@ from typing import Any
 import llguidance
 
 _ATTR = "_llguidance_tokenizer"
+# what the bridge reads of one of our tokenizers (tokenizer/loader.Tokenizer has them all)
+NEEDS = ("vocab_size", "token_bytes", "encode_plain", "special_tokens", "eos_token_ids", "eos_token_id")
+
+
+class UnsupportedTokenizer(ValueError):
+    """A tokenizer the bridge cannot read (e.g. the hand-built BPETokenizer object, which has no encode_plain): only
+    a tokenizer.json loaded by tokenizer/loader.py can constrain outputs."""
 
 
 class _Vocabulary:
@@ -34,11 +41,17 @@ class _Vocabulary:
 
 
 def llg_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
-    """The llguidance tokenizer for one of ours (tokenizer/loader.Tokenizer), built on first use and cached on it.
+    """The llguidance tokenizer for one of ours (tokenizer/loader.Tokenizer), built on first use and cached on it;
+    UnsupportedTokenizer for one without what NEEDS lists.
     Every EOS id the model stops at is an EOS to the matcher: where a constraint is complete, any of them ends
     the output."""
     cached = getattr(tokenizer, _ATTR, None)
     if cached is None:
+        missing = [a for a in NEEDS if not hasattr(tokenizer, a)]
+        if missing:
+            lacks = ", ".join(missing)
+            raise UnsupportedTokenizer(f"this model's tokenizer cannot constrain outputs (it has no {lacks}: only "
+                                       "a tokenizer.json loaded from a model directory can)")
         vocab = _Vocabulary(tokenizer)
         eos = sorted(tokenizer.eos_token_ids) or None
         cached = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab), n_vocab=len(vocab.tokens), eos_token=eos)

@@ -17,15 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinystack.infer.structured import GrammarError
+from tinystack.infer.structured import GrammarError, UnsupportedTokenizer
 from tinystack.sampling_params import SamplingParams, StructuredOutputs
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.schemas import StructuredOutputsBody
 from tinystack.serve.state import ServerState
-
-# what our tokenizer must offer llguidance (infer/structured/tokenizer.py): a tokenizer.json loaded by
-# tokenizer/loader.py has them; a hand-built BPETokenizer handed to the engine directly does not
-_TOKENIZER_NEEDS = ("token_bytes", "encode_plain", "special_tokens", "eos_token_ids")
 
 
 def _invalid(param: str, message: str) -> ApiError:
@@ -69,11 +65,9 @@ def check_constraint(state: ServerState, params: SamplingParams, param: str) -> 
     to [infer] structured_compile_timeout_s: call it off the event loop."""
     if params.structured_outputs is None:
         return
-    tokenizer = state.adapter.tokenizer
-    if not all(hasattr(tokenizer, a) for a in _TOKENIZER_NEEDS):
-        raise ApiError(400, f"{param}: this model's tokenizer cannot constrain outputs (it is not a tokenizer.json "
-                            "loaded from a model directory)", "structured_outputs_unsupported", param=param)
     try:
         state.adapter.compile_constraint(params)
+    except UnsupportedTokenizer as e:
+        raise ApiError(400, f"{param}: {e}", "structured_outputs_unsupported", param=param) from None
     except GrammarError as e:
         raise _invalid(param, f"{param}: cannot be compiled ({e.kind}): {e.reason}") from None

@@ -64,8 +64,9 @@ def _lost_replica(e: BaseException) -> bool:
 
 
 class ReplicaAdapter:
-    def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str, retries: int = 3,
-                 compile_timeout_s: float = 5.0) -> None:
+    def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str,
+                 compile_timeout_s: float, retries: int = 3) -> None:
+        """`compile_timeout_s`: [infer] structured_compile_timeout_s (deploy.gateway_adapter passes it)."""
         self.handle = handle
         self._streaming: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
         self.app_name = app_name
