@@ -6,7 +6,6 @@ test pays a fresh interpreter's torch import per error. Two stay real subprocess
 tested: `python -m tinystack` refusing a prompt after the engine started (its exit must not abort while the
 KV-prefault thread runs) and hash-key's hidden prompt on a pseudo-terminal."""
 import hashlib
-import io
 import os
 import pty
 import select
@@ -20,23 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinystack.cli import main
 from tinystack.tokenizer import CharTokenizer
 from tinystack.tokenizer.shards import write_token_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _subprocess(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tinystack", *args], check=False, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 @pytest.fixture
-def cli(monkeypatch, capsys):
-    """run(*args, stdin="") -> (exit status, stdout, stderr) of `tinystack ARGS` through the entry point's main().
+def cli(monkeypatch, run_cli):
+    """run(*args, stdin="") -> (exit status, stdout, stderr) of `tinystack ARGS` in-process (conftest.run_cli).
     A server that would start serving instead of refusing fails the test rather than blocking it."""
-    monkeypatch.delenv("TINYSTACK_DEBUG", raising=False)
 
     def no_server(*a, **k):
         raise AssertionError("the server started: the error was not caught before serving")
@@ -44,12 +36,8 @@ def cli(monkeypatch, capsys):
     monkeypatch.setattr("tinystack.serve.serve_forever", no_server)
 
     def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["tinystack", *map(str, args)])
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-        with pytest.raises(SystemExit) as e:
-            main()
-        out = capsys.readouterr()
-        return (e.value.code if isinstance(e.value.code, int) else 0 if e.value.code is None else 1), out.out, out.err
+        proc = run_cli(*args, stdin=stdin)
+        return proc.returncode, proc.stdout, proc.stderr
 
     return run
 
@@ -171,9 +159,13 @@ def test_usage_mistakes_inside_a_command_are_one_line(cli, model_dir, tmp_path):
 def test_the_real_command_refuses_a_prompt_after_the_engine_started_with_one_line(model_dir):
     """`python -m tinystack` as a user runs it: the error reaches the console as one line and exit status 2, also
     when the refusal comes after the engine started its KV-prefault thread (exiting while that thread was inside
-    a C++ call once aborted the process: SIGABRT instead of exit 2; three runs, as it was a race)."""
-    for _ in range(3):
-        assert_one_line_error(_subprocess("generate", "--model", str(model_dir), "--prompt", "abcd" * 20),
+    a C++ call once aborted the process: SIGABRT instead of exit 2; three runs at once, as it was a race)."""
+    args = [sys.executable, "-m", "tinystack", "generate", "--model", str(model_dir), "--prompt", "abcd" * 20]
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert_one_line_error((p.returncode, out, err),
                               "--prompt: prompt is 80 tokens; the model's context is 16 tokens")
 
 

@@ -1,4 +1,7 @@
-"""`tinystack run --config configs/smoke.toml` end to end, through the real server, then a re-run that reuses stages."""
+"""`tinystack run --config configs/smoke.toml` end to end, through the real server, then a re-run that reuses stages.
+
+The smoke run itself is a real process with only the core dependencies importable (as `make demo` installs it);
+the commands after it run in-process through the CLI's main() (conftest.run_cli)."""
 import json
 import math
 import subprocess
@@ -11,11 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "smoke.toml"
 CORE_ONLY = Path(__file__).with_name("core_only.py")
 NAME = "tinystack-smoke"  # smoke.toml's run.name: smoke models have their own line in the registry
-
-
-def _run(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "tinystack", *args], check=False, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -66,22 +64,16 @@ def test_the_pretrained_model_was_imported_and_answered_a_chat(smoke_run):
     assert "chat requests (POST /v1/chat/completions" in proc.stdout
 
 
-def test_a_missing_pretrained_model_fails_before_anything_runs(tmp_path, monkeypatch, capsys):
-    from tinystack.cli import main  # in-process: the refusal is the subject, not a fresh interpreter
-
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(sys, "argv", ["tinystack", "run", "--config", str(SMOKE), "--workdir", str(tmp_path / "w"),
-                                      "--set", f"run.pretrained={tmp_path / 'absent.gguf'}"])
-    with pytest.raises(SystemExit) as e:
-        main()
-    stderr = capsys.readouterr().err
-    assert e.value.code == 2 and "error: run.pretrained:" in stderr and "Traceback" not in stderr
+def test_a_missing_pretrained_model_fails_before_anything_runs(tmp_path, run_cli):
+    proc = run_cli("run", "--config", SMOKE, "--workdir", tmp_path / "w", "--set",
+                   f"run.pretrained={tmp_path / 'absent.gguf'}")
+    assert proc.returncode == 2 and "error: run.pretrained:" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "w" / "data").exists()  # refused before the first stage, not after training
 
 
-def test_rerun_reuses_every_stage(smoke_run):
+def test_rerun_reuses_every_stage(smoke_run, run_cli):
     workdir, _ = smoke_run
-    proc = _run("run", "--config", str(SMOKE), "--workdir", str(workdir), "--no-serve", "--registry",
+    proc = run_cli("run", "--config", str(SMOKE), "--workdir", str(workdir), "--no-serve", "--registry",
                 str(workdir / "registry"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     for stage in ("corpus", "data", "tokenizer", "train", "eval"):
@@ -92,14 +84,14 @@ def test_rerun_reuses_every_stage(smoke_run):
     (["run", "--config", "missing.toml"], "config file not found"),
     (["run", "--set", "train.max_itres=3"], "unknown key train.max_itres"),
 ])
-def test_user_errors_exit_2_with_one_line(args, msg):
-    proc = _run(*args, timeout=60)
+def test_user_errors_exit_2_with_one_line(args, msg, run_cli):
+    proc = run_cli(*args)
     assert proc.returncode == 2
     assert msg in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.slow  # every stage again by hand through the CLI: ~36 s on 2 CPU cores
-def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
+@pytest.mark.slow  # every stage again by hand through the CLI (in-process): ~15 s on 2 CPU cores
+def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path, run_cli):
     """The subcommands chain like `tinystack run`: corpus -> prepare -> tokenizer -> train -> eval -> generate."""
     workdir, _ = smoke_run
     small = ["--config", str(SMOKE), "--set", "train.max_iters=20"]
@@ -112,7 +104,7 @@ def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
          str(tmp_path / "eval.json"), *small],
     ]
     for args in steps:
-        proc = _run(*args)
+        proc = run_cli(*args)
         assert proc.returncode == 0, (args, proc.stderr[-2000:])
     # same config + same corpus -> the same split and tokenizer as the pipeline's
     assert (tmp_path / "data" / "train.jsonl").read_bytes() == (workdir / "data" / "train.jsonl").read_bytes()
@@ -125,15 +117,15 @@ def test_each_stage_runs_by_hand_with_the_same_results(smoke_run, tmp_path):
     stages = json.loads((workdir / "stages.json").read_text())
     assert lineage["tokenizer_hash"] == stages["tokenizer"]["info"]["fingerprint"]
 
-    proc = _run("generate", "--model", str(workdir / "model"), "--prompt", "Return the", "--temperature", "0",
+    proc = run_cli("generate", "--model", str(workdir / "model"), "--prompt", "Return the", "--temperature", "0",
                 "--max-tokens", "5")
     assert proc.returncode == 0 and proc.stdout.startswith("Return the")
     assert "finish_reason=" in proc.stderr
-    proc = _run("bench", "kv", "--model", str(workdir / "model"), "--prompt-tokens", "16", "--new-tokens", "16")
+    proc = run_cli("bench", "kv", "--model", str(workdir / "model"), "--prompt-tokens", "16", "--new-tokens", "16")
     assert proc.returncode == 0 and json.loads(proc.stdout)["same_tokens"] is True
 
 
-def test_the_run_promotes_its_model_and_refuses_a_worse_one(smoke_run, tmp_path):
+def test_the_run_promotes_its_model_and_refuses_a_worse_one(smoke_run, tmp_path, run_cli):
     """The first run promoted its model; a run that trains far less is gated against it and not promoted."""
     workdir, proc = smoke_run
     registry = workdir / "registry"
@@ -144,7 +136,7 @@ def test_the_run_promotes_its_model_and_refuses_a_worse_one(smoke_run, tmp_path)
     assert record["data_manifest_hash"] == lineage["data_manifest_hash"]
     assert record["metrics"]["val"]["loss"] == lineage["metrics"]["val"]["loss"]
 
-    worse = _run("run", "--config", str(SMOKE), "--workdir", str(tmp_path / "worse"), "--no-serve",
+    worse = run_cli("run", "--config", str(SMOKE), "--workdir", str(tmp_path / "worse"), "--no-serve",
                  "--registry", str(registry), "--set", "train.max_iters=40")
     assert worse.returncode == 1, worse.stdout[-2000:] + worse.stderr[-2000:]
     assert f"not promoted: {NAME} stays at v1; regressed:" in worse.stderr
