@@ -64,8 +64,9 @@ from tinystack.atomic import write_json
 from tinystack.config import FinetuneConfig, TrainConfig
 from tinystack.train.allocator import keep_freed_memory
 from tinystack.train.finetune import build_model
-from tinystack.train.loop import make_optimizer, train_model
+from tinystack.train.loop import train_model
 from tinystack.train.loss import next_token_loss
+from tinystack.train.optimizer import make_optimizer
 
 SEQ = 256  # tokens per sequence unless --seq
 TARGET_STEP_OVERHEAD = 0.10

@@ -6,8 +6,8 @@ from train_helpers import cfg, lora_bf16_paths
 
 from tinystack.model import GPT, GPTConfig, Llama, LlamaConfig, load_model, save_model
 from tinystack.train import lora as lora_module
-from tinystack.train.loop import make_optimizer
 from tinystack.train.lora import LoRALinear, inject_lora, lora_parameters, merge_lora
+from tinystack.train.optimizer import make_optimizer
 
 VOCAB = 53
 

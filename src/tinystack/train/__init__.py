@@ -32,7 +32,7 @@ _EXPORTS = {
     "inject_lora": "tinystack.train.lora",
     "merge_lora": "tinystack.train.lora",
     "train_model": "tinystack.train.loop",
-    "make_optimizer": "tinystack.train.loop",
+    "make_optimizer": "tinystack.train.optimizer",
     "train": "tinystack.train.loop",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

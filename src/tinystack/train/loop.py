@@ -12,7 +12,8 @@ padded conversations whose non-assistant targets are IGNORE_INDEX; train.finetun
                 non-finite loss or gradient -> NonFiniteLossError naming the step (nothing is written)
                 unscale -> clip by global norm -> AdamW step
     every eval_interval steps: val_loss, an estimate on a fixed subset of batches (eval.scoring.score_batches,
-                               in the training precision; it picks best.pt)
+                               in the training precision; it picks best.pt, keep_best's weights, and
+                               early_stopping ends the run after that many evaluations without a better one)
     at the last step: final_val_loss, the same function on eval's own windows in the model's precision:
                       the number `tinystack eval` reports for this checkpoint and split
     every step: one JSON line in the training log
@@ -61,8 +62,8 @@ from tinystack.train.checkpoint import (
 )
 from tinystack.train.distributed import DistInfo, init_distributed, mean_across_ranks
 from tinystack.train.loss import next_token_loss, trim_targets
+from tinystack.train.optimizer import make_optimizer
 
-_NO_DECAY = ("wte", "wpe", "embed_tokens")  # embeddings: GPT-2's, Llama's
 REFRESH_S = 1.0  # the progress bar's redraw interval (seconds)
 
 
@@ -71,9 +72,7 @@ class BatchSource(Protocol):
     and a `state_dict` that is the data position (saved in checkpoints, restored on resume)."""
 
     def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]: ...
-
     def state_dict(self) -> dict[str, Any]: ...
-
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
@@ -96,30 +95,14 @@ class TrainResult:
     resumed_from: int = 0  # the step training resumed at (0: a fresh run)
     dtype: str = ""  # the precision trained in (train.dtype, or what `auto` measured and chose)
     precision_probe: dict[str, Any] | None = None  # auto: the measurements behind the choice
+    stopped_early: bool = False  # train.early_stopping ended the run before max_iters
+    best_step: int | None = None  # train.keep_best: the step whose weights the model ends with
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-__all__ = ["BatchSource", "NonFiniteLossError", "TrainResult", "get_batch", "make_optimizer", "train",
-           "train_model"]
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters, decoupled decay on 2-D Linear weights only (an embedding
-    tied to the head is listed once, undecayed); frozen parameters get no optimiser state.
-
-    The fused kernel (one pass over all parameters; on CPU since torch 2.4) where the device has it:
-    without it, CPU AdamW falls back to a Python loop of ~7 small ops per tensor."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (decay if p.dim() >= 2 and not any(n in name for n in _NO_DECAY) else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    device = next(model.parameters()).device.type
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                             fused=device in ("cpu", "cuda"))
+__all__ = ["BatchSource", "NonFiniteLossError", "TrainResult", "get_batch", "make_optimizer", "train", "train_model"]
 
 
 def train(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.ndarray | None, cfg: TrainConfig,
@@ -163,6 +146,7 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
     opt = make_optimizer(model, cfg)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir else None
     start, best_val, val_loss, final_val, ckpt, probe = 0, None, None, None, None, None
+    best_state, best_step, stale, stopped = None, None, 0, False  # keep_best's weights; evals since a better one
     if resume:
         if ckpt_dir is None or not (ckpt_dir / LAST).is_file():
             raise FileNotFoundError(f"--resume: no checkpoint {ckpt_dir and ckpt_dir / LAST}")
@@ -211,6 +195,11 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
                     improved = best_val is None or val_loss < best_val
                     best_val = val_loss if improved else best_val
                     record["val_loss"] = val_loss
+                    stale = 0 if improved else stale + 1
+                    if improved and cfg.keep_best:
+                        best_state, best_step = _trainable(model, clone=True), step + 1
+                    if cfg.early_stopping and stale >= cfg.early_stopping and not last:
+                        last = stopped = record["early_stop"] = True
                 if last and final_val_batches:  # no autocast: the weights as saved, scored as `tinystack eval` does
                     final_val = record["final_val_loss"] = score_batches(model, final_val_batches, device=dev).loss
                 elapsed = time.perf_counter() - t_start
@@ -234,14 +223,28 @@ def train_model(build_model: Callable[[], torch.nn.Module], sampler: BatchSource
                 last_redraw = elapsed if redraw else last_redraw
                 tps = record["tokens_per_s"]
                 bar.update(task, advance=1, info=f"loss {loss_value:.3f}{val_txt} | {tps:,.0f} tok/s", refresh=redraw)
+                if stopped:
+                    break
     finally:
         if log:
             log.close()
     wall = time.perf_counter() - t_start
     model.eval()
+    if best_state is not None and stale:  # a later evaluation was worse: back to the best weights
+        with torch.no_grad():
+            for name, p in _trainable(model).items():
+                p.copy_(best_state[name])
+        val_loss = best_val
+        if final_val_batches:
+            final_val = score_batches(model, final_val_batches, device=dev).loss
     final_val = final_val if final_val_batches else val_loss
-    return model, TrainResult(cfg.max_iters, loss_value, final_val, best_val,
-                              tokens_done / wall if wall > 0 else 0.0, wall, start, cfg.dtype, probe)
+    return model, TrainResult(step + 1 if cfg.max_iters > start else start, loss_value, final_val, best_val,
+                              tokens_done / wall if wall > 0 else 0.0, wall, start, cfg.dtype, probe, stopped,
+                              best_step if best_state is not None else None)
+
+
+def _trainable(model: torch.nn.Module, clone: bool = False) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() if clone else p for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _probe_precision(model: torch.nn.Module, sampler: BatchSource, cfg: TrainConfig, info: DistInfo,

@@ -58,7 +58,7 @@ def train_numpy(model_cfg: GPTConfig, train_tokens: np.ndarray, val_tokens: np.n
         raise ValueError(f"the numpy backend supports train.dtype float32 or float64, got {cfg.dtype!r}")
     model = init_numpy_gpt(model_cfg, cfg.seed, _NP_DTYPES[cfg.dtype]).train()
     params, grads = model.parameters(), model.gradients()
-    no_decay = {n for n, p in params.items() if p.ndim < 2 or "wte" in n or "wpe" in n}  # as loop.make_optimizer
+    no_decay = {n for n, p in params.items() if p.ndim < 2 or "wte" in n or "wpe" in n}  # as optimizer.make_optimizer
     opt = AdamW(params, grads, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
                 weight_decay=cfg.weight_decay, no_decay=no_decay)
     sampler = BatchSampler(train_tokens, model_cfg.block_size, cfg.seed)
