@@ -121,6 +121,8 @@ class TrainConfig(Section):
     grad_accum_steps: int = 1  # micro-batches of batch_size per optimiser step (per rank)
     compile: bool = False  # torch.compile the model
     ckpt_interval: int = 500  # write last.pt every N steps (and at the end); 0 = only at the end
+    early_stopping: int = 0  # stop after this many evaluations in a row without a lower val loss (0 = never)
+    keep_best: bool = False  # end with the trainable weights of the lowest val loss, not the last step's
     plot: bool = True  # write a PNG loss curve beside the training log
     # glibc only: freed memory stays in the process for the next step instead of page-faulting back in each step
     # (train/allocator.py); the process keeps its peak memory
@@ -134,20 +136,38 @@ class FinetuneConfig(Section):
     finetune`), the held-out share and dedup are [data]'s."""
 
     max_seq_len: int = 256  # longer conversations are quarantined as too_long (0 = the model's context)
-    lora: int = 0  # > 0: train rank-r adapters instead of all weights (merged on save)
-    lora_alpha: float = 16.0  # adapter scale = lora_alpha / lora
+    # > 0: train rank-r adapters on every projection instead of all weights (merged on save); 0 = full
+    # fine-tuning, which on a few hundred conversations overwrites what the model knew (docs/train.md)
+    lora: int = 16
+    lora_alpha: float = 32.0  # adapter scale = lora_alpha / lora
     lora_dropout: float = 0.0
     lora_targets: list[str] = field(default_factory=lambda: [  # linear layers to adapt ("q_proj,v_proj": two)
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "c_attn", "c_proj", "c_fc"])
+    epochs: float = 3.0  # passes over the training split when train.max_iters is 0 (the fine-tune default)
+    # The forgetting guard (eval/retention.py): the base model's greedy answers to general prompts, recorded
+    # before training, scored on the tuned model after it
+    guard_prompts: int = 100  # how many of the built-in general prompts (spread over their kinds; 0 = none)
+    guard_file: str = ""  # the user's own general prompts (JSONL: {"prompt", "answer"?}), added to the built-in
+    guard_max_tokens: int = 48  # tokens of each recorded base answer
+    # a KL-style retention score: the mean over the base answers' tokens of log p_base - log p_tuned
+    max_retention_nll: float = 0.5  # how many nats/token less likely the base's own answers may become
+    min_fact_retention: float = 0.95  # share of the factual prompts the base answered right that must stay right
+    allow_forgetting: bool = False  # write a model past the thresholds as accepted anyway (the report keeps it)
+    replay: int = 0  # conversations of the base's own answers to other general prompts mixed into training
+    # add the model to the registry (run.registry) under this name; made current only when it passes the
+    # fine-tune's gate (held-out loss below the base's, the guard passed), else added unpromoted
+    register: str = ""
 
 
 # What `tinystack finetune` starts from instead of the defaults above (then the file, --set and flags apply as
-# usual): a pretrained model and a few hundred conversations want fewer, smaller steps than pretraining from
-# scratch (~1e-3 suits LoRA, ~2e-5 full fine-tuning), and a larger held-out share of a small set.
+# usual): LoRA (above) with steps from the data size (max_iters 0 = finetune.epochs passes), the learning rate
+# by method (0 = 2e-3 for LoRA, 2e-5 for full fine-tuning; min_lr 0 = a tenth of it), held-out loss evaluated
+# a few times per epoch (eval_interval 0) with early stopping, and the best weights kept rather than the last:
+# what worked on a few hundred conversations (docs/train.md, BENCHMARKS.md "Fine-tuning quality").
 FINETUNE_DEFAULTS = {
-    "train.max_iters": 200, "train.batch_size": 8, "train.learning_rate": 2e-4, "train.min_lr": 2e-5,
-    "train.warmup_iters": 10, "train.weight_decay": 0.0, "train.eval_interval": 50, "train.ckpt_interval": 0,
-    "data.val_fraction": 0.1,
+    "train.max_iters": 0, "train.batch_size": 8, "train.learning_rate": 0.0, "train.min_lr": 0.0,
+    "train.warmup_iters": 2, "train.weight_decay": 0.0, "train.eval_interval": 0, "train.ckpt_interval": 0,
+    "train.early_stopping": 3, "train.keep_best": True, "data.val_fraction": 0.1,
 }
 
 

@@ -18,8 +18,11 @@ from tinystack.model import load_model
 from tinystack.train import loop
 from tinystack.train.finetune import finetune
 
+# a fixed schedule and no forgetting guard: these tests are about the command's files and steps (the guard,
+# early stopping and the defaults have tests of their own, test_finetune_guard.py)
 FAST = ["train.max_iters=8", "train.batch_size=4", "train.learning_rate=0.01", "train.warmup_iters=2",
-        "train.eval_interval=4", "data.val_fraction=0.25", "train.plot=false", "train.seed=0"]
+        "train.eval_interval=4", "data.val_fraction=0.25", "train.plot=false", "train.seed=0",
+        "train.early_stopping=0", "train.keep_best=false", "finetune.guard_prompts=0"]
 
 
 def _conversations(n=24, seed=0):
@@ -42,7 +45,7 @@ def test_finetune_writes_an_ordinary_model_directory(tmp_path, data, kind, lora)
     base = model_dir(tmp_path / "base", kind, template=kind != "gpt2")
     out = tmp_path / "tuned"
     args = ["finetune", "--model", str(base), "--data", str(data), "--out", str(out)]
-    args += [a for s in FAST for a in ("--set", s)] + (["--lora", str(lora), "--lora-alpha", "8"] if lora else [])
+    args += [a for s in FAST for a in ("--set", s)] + ["--lora", str(lora)] + (["--lora-alpha", "8"] if lora else [])
     res = _run(args)
     assert res.exit_code == 0, res.output
     assert "held-out (" in res.output and "nats/token" in res.output
@@ -117,7 +120,7 @@ def test_user_errors_are_one_line(tmp_path, data, capsys, monkeypatch):
               "no linear layer matches LoRA targets")]
     for args, message in cases:
         monkeypatch.setattr(sys, "argv", ["tinystack", "finetune", *args, "--out", str(tmp_path / "out"),
-                                          "--set", "train.max_iters=1"])
+                                          "--set", "train.max_iters=1", "--set", "finetune.guard_prompts=0"])
         with pytest.raises(SystemExit) as e:
             main()
         err = capsys.readouterr().err.strip()

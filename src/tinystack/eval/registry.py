@@ -47,6 +47,21 @@ def lineage_record(model_dir: Path) -> dict[str, Any]:
             "metrics": lineage.get("metrics"), "lineage": lineage}
 
 
+def finetune_refusal(record: dict[str, Any]) -> str | None:
+    """Why a fine-tuned model may never be promoted, or None: the fine-tune's own gate (train/finetune.py)
+    is target cases better (held-out loss below the base's) and general prompts not worse (the forgetting
+    guard passed, or was overridden with finetune.allow_forgetting)."""
+    ft = (record.get("lineage") or {}).get("finetune")
+    if not ft:
+        return None
+    if ft.get("rejected"):
+        return f"the fine-tune forgot what its base knew ({ft['rejected']})"
+    delta = (ft.get("heldout") or {}).get("delta")
+    if delta is not None and delta >= 0:
+        return f"the fine-tune's held-out loss is not below its base's ({delta:+.3f} nats/token)"
+    return None
+
+
 class ModelRegistry:
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -104,6 +119,9 @@ class ModelRegistry:
         with self._locked(name):
             if not (self._dir(name) / version / "record.json").is_file():
                 raise RegistryError(f"{name} has no version {version!r} (versions: {', '.join(self.versions(name))})")
+            refused = finetune_refusal(self.record(name, version))
+            if refused:
+                raise RegistryError(f"{name} {version} is not promotable: {refused}")
             idx = self.index(name)
             write_json(self._dir(name) / "index.json",
                        {**idx, "current": version, "promotions": [*idx["promotions"], version]})

@@ -36,7 +36,8 @@ def train(cfg: Config, tokens: Annotated[Path, typer.Option(help="Tokenizer dire
         shutdown_distributed()
 
 
-@config_command("finetune", "train", "data.val_fraction", "run.device", "run.threads", defaults=FINETUNE_DEFAULTS)
+@config_command("finetune", "train", "data.val_fraction", "run.device", "run.threads", "run.registry",
+                defaults=FINETUNE_DEFAULTS)
 def finetune(cfg: Config,
              model: Annotated[Path, typer.Option(
                  help="Pretrained model directory (ours or Hugging Face GPT-2/Llama).")],

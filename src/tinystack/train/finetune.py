@@ -14,6 +14,15 @@
                                                 `eval regress` read it like any other
       -> held-out comparison                    mean loss per assistant token on the val split, base vs
                                                 fine-tuned, printed and written to report.json
+      -> the forgetting guard (guard.py)        the base's greedy answers to general prompts, recorded before
+                                                training, scored on the tuned model: a model that forgot is
+                                                written marked rejected and the command fails (ForgettingError)
+                                                unless finetune.allow_forgetting; finetune.replay mixes the
+                                                base's answers to other general prompts into training
+
+The defaults (config.FINETUNE_DEFAULTS) are LoRA with the schedule from the data size (schedule()): steps for
+finetune.epochs passes, the learning rate by method, held-out loss twice an epoch with early stopping, the best
+weights kept.
 
 Beside OUT, in OUT_finetune/: train.jsonl and val.jsonl (the prepared conversations),
 rejected.jsonl, log.jsonl (+ loss.png), checkpoints/, report.json, and regression.jsonl: chat cases from the
@@ -31,10 +40,11 @@ from typing import Any, Mapping
 import torch
 
 from tinystack.atomic import file_sha256, read_json, write_json
-from tinystack.config import Config, FinetuneConfig
+from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.data.io.records import write_jsonl
 from tinystack.data.io.rejects import Rejects
 from tinystack.eval.case_sets import build_chat_cases
+from tinystack.eval.registry import ModelRegistry, finetune_refusal
 from tinystack.eval.regression import write_cases
 from tinystack.eval.scoring import score_batches
 from tinystack.eval.threads import torch_threads
@@ -46,12 +56,14 @@ from tinystack.train.checkpoint import save_model_dir
 from tinystack.train.distributed import is_main_process
 from tinystack.train.finetune_batches import ConversationBatches, encode_conversation, fixed_batches
 from tinystack.train.finetune_data import prepare_conversations
+from tinystack.train.guard import ForgettingError, ForgettingGuard
 from tinystack.train.loop import train_model
 from tinystack.train.lora import inject_lora, merge_lora
-from tinystack.train.planned_linear import plan_linears
+from tinystack.train.planned_linear import plan_linears, unplan_linears
 from tinystack.train.plot import plot_loss_curve
 from tinystack.train.precision import autocast
 
+LORA_LR, FULL_LR = 2e-3, 2e-5  # train.learning_rate 0: by method (a few hundred conversations; docs/train.md)
 # tokenizer and chat files a model directory may carry; the fine-tuned directory keeps the base's
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json")
@@ -109,11 +121,24 @@ def encode_split(records: list[Any], formatter: Any, tokenizer: Any, max_len: in
     return out
 
 
+def schedule(tcfg: TrainConfig, ft: FinetuneConfig, n_train: int) -> TrainConfig:
+    """[train] with FINETUNE_DEFAULTS' zeros filled from the data: max_iters 0 = finetune.epochs passes over
+    `n_train` conversations, learning_rate 0 = LORA_LR or FULL_LR by method, min_lr 0 = a tenth of it,
+    eval_interval 0 = twice an epoch; warmup at most a fifth of the steps."""
+    per_epoch = max(1, math.ceil(n_train / (tcfg.batch_size * tcfg.grad_accum_steps)))
+    steps = tcfg.max_iters or max(1, math.ceil(ft.epochs * per_epoch))
+    lr = tcfg.learning_rate or (LORA_LR if ft.lora > 0 else FULL_LR)
+    return dataclasses.replace(tcfg, max_iters=steps, learning_rate=lr, min_lr=tcfg.min_lr or lr / 10,
+                               eval_interval=tcfg.eval_interval or max(1, per_epoch // 2),
+                               warmup_iters=min(tcfg.warmup_iters, steps // 5))
+
+
 def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, cfg: Config, *,
              resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """Fine-tune `base_dir` on `data_path`, write the model directory `out_dir`; returns the report. Reads
-    [finetune] (sequence length, LoRA), [train] (steps, optimiser, precision: `tinystack finetune` starts it
-    from config.FINETUNE_DEFAULTS), [data] (held-out share, dedup), [eval] (regression cases) and run.device."""
+    [finetune] (sequence length, LoRA, the guard, replay), [train] (steps, optimiser, precision: `tinystack
+    finetune` starts it from config.FINETUNE_DEFAULTS), [data] (held-out share, dedup), [eval] (regression
+    cases) and run.device. Raises ForgettingError after writing a model that failed the guard."""
 
     base_dir, out_dir, ft = Path(base_dir), Path(out_dir), cfg.finetune
     if not (base_dir / "config.json").is_file():
@@ -130,34 +155,45 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
     prep = prepare_conversations(data_path, formatter, cfg.data, rejects)
     train_ex = encode_split(prep.train, formatter, tok, max_len, rejects)
     val_ex = encode_split(prep.val, formatter, tok, max_len, rejects)
-    if not train_ex:
-        raise ValueError(f"{data_path}: no training conversation fits in {max_len} tokens")
+    dropped = prep.dropped()
+    what = (f"{len(train_ex)} train / {len(val_ex)} held-out conversations; {sum(dropped.values())} removed "
+            f"({_counts(dropped)}); {rejects.total} rejected lines ({_counts(rejects.counts)})")
+    if not train_ex or not val_ex:  # refused before anything is written
+        split = "training" if not train_ex else "held-out"
+        hint = "" if train_ex else " (more sources or a larger data.val_fraction: the split is by source)"
+        raise ValueError(f"{data_path}: no {split} conversation left: {what}{hint}")
+    with torch_threads(cfg.run.threads):  # the base's answers (a resume records the same ones again)
+        guard = ForgettingGuard.record(base_dir, tok, formatter, ft, cfg.run.device)
+    replayed = encode_split_messages(guard.replay_conversations() if guard else [], formatter, tok, max_len)
     main = is_main_process()
     if main:
         work.mkdir(parents=True, exist_ok=True)
         write_jsonl(work / "train.jsonl", prep.train)
         write_jsonl(work / "val.jsonl", prep.val)
         rejects.write(work / "rejected.jsonl")
-    dropped = prep.dropped()
-    console.print(f"finetune: {len(train_ex)} train / {len(val_ex)} held-out conversations; "
-                  f"{sum(dropped.values())} removed ({_counts(dropped)}); {rejects.total} rejected lines "
-                  f"({_counts(rejects.counts)})")
+    console.print(f"finetune: {what}" + (f"; + {len(replayed)} replayed base answers" if ft.replay else ""))
     pad = tok.eos_token_id if tok.eos_token_id is not None else 0
-    tcfg = cfg.train
-    val_batches = fixed_batches(val_ex, tcfg.batch_size, pad) if val_ex else None
+    tcfg = schedule(cfg.train, ft, len(train_ex) + len(replayed))
+    val_batches = fixed_batches(val_ex, tcfg.batch_size, pad)
     with torch_threads(cfg.run.threads):
-        model, result = train_model(lambda: build_model(base_dir, ft), ConversationBatches(train_ex, tcfg.seed, pad),
-                                    val_batches, tcfg, device=cfg.run.device, progress=progress, label="finetune",
+        model, result = train_model(lambda: build_model(base_dir, ft),
+                                    ConversationBatches(train_ex + replayed, tcfg.seed, pad), val_batches, tcfg,
+                                    device=cfg.run.device, progress=progress, label="finetune",
                                     log_path=work / "log.jsonl" if main else None, ckpt_dir=work / "checkpoints",
                                     resume=resume)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    model = merge_lora(model).float().eval()
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        model = merge_lora(model).float().eval()
+        unplan_linears(model)  # an ordinary module again: scored, guarded and saved as inference loads it
+        heldout = heldout_comparison(model, base_dir, val_batches, result.dtype, cfg.run.device, len(val_ex))
+        kept = guard.check(model) if guard else None
+    rejected = kept is not None and not kept["passed"] and not ft.allow_forgetting
     report: dict[str, Any] = {
         "base_model": str(base_dir), "data": {"file": str(data_path), "sha256": file_sha256(data_path),
-                                              **prep.summary(rejects)},
+                                              **prep.summary(rejects), "replayed": len(replayed)},
         "method": f"lora r={ft.lora}" if ft.lora > 0 else "full", "trainable_params": trainable,
-        "result": result.to_dict(), "heldout": heldout_comparison(model, base_dir, val_batches, result.dtype,
-                                                                  cfg.run.device, len(val_ex))}
+        "schedule": {k: getattr(tcfg, k) for k in ("max_iters", "learning_rate", "min_lr", "eval_interval")},
+        "result": result.to_dict(), "heldout": heldout, "retention": kept,
+        "rejected": "; ".join(kept["reasons"]) if rejected else None}
     if not main:
         return report
     lineage = {**read_lineage(base_dir), "finetune": {**report, "config": dataclasses.asdict(ft),
@@ -171,20 +207,55 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         (work / "regression.jsonl").unlink(missing_ok=True)
     if tcfg.plot:
         plot_loss_curve(work / "log.jsonl", work / "loss.png", title=f"{out_dir.name}: fine-tuning loss")
-    console.print(f"finetune[{report['method']}]: {trainable:,} trainable parameters, {result.steps} steps in "
+    _print_report(report, result, trainable, out_dir, work, base_dir, cases)
+    if ft.register:
+        _register(ft.register, out_dir, cfg.run.registry)
+    if rejected:
+        raise ForgettingError(f"{out_dir} forgot what {base_dir.name} knew: {report['rejected']}; written "
+                              "marked rejected (never promotable); --replay N or a smaller learning rate usually "
+                              "helps, --allow-forgetting accepts it")
+    return report
+
+
+def _print_report(report: dict[str, Any], result: Any, trainable: int, out_dir: Path, work: Path, base_dir: Path,
+                  cases: list[Any]) -> None:
+    stop = f" (early stop; best at step {result.best_step})" if result.stopped_early else (
+        f" (best at step {result.best_step})" if result.best_step not in (None, result.steps) else "")
+    console.print(f"finetune[{report['method']}]: {trainable:,} trainable parameters, {result.steps} steps{stop} in "
                   f"{result.wall_s:.1f}s, {result.tokens_per_s:,.0f} tokens/s -> {out_dir}")
-    h = report["heldout"]
-    if h["conversations"]:
-        console.print(f"held-out ({h['conversations']} conversations, {h['assistant_tokens']} assistant tokens): "
-                      f"base {h['base_loss']:.3f} -> fine-tuned {h['finetuned_loss']:.3f} nats/token "
-                      f"({h['delta']:+.3f})")
+    h, r = report["heldout"], report["retention"]
+    console.print(f"target  held-out ({h['conversations']} conversations, {h['assistant_tokens']} assistant tokens): "
+                  f"base {h['base_loss']:.3f} -> fine-tuned {h['finetuned_loss']:.3f} nats/token ({h['delta']:+.3f})")
+    if r is None:
+        console.print("retention: not measured (finetune.guard_prompts 0 and no finetune.guard_file)")
     else:
-        console.print("held-out: none (every source went to train; more sources or data.val_fraction)")
+        console.print(f"retention ({r['prompts']} general prompts): base answers {r['nll_increase']:+.3f} nats/token "
+                      f"less likely; facts kept {r['facts_kept']}/{r['facts_base_right']} "
+                      f"({r['fact_retention']:.0%}) -> {'ok' if r['passed'] else 'FORGOT'}")
     if cases:
         console.print(f"regression set: {len(cases)} held-out chat cases -> {work / 'regression.jsonl'} (gate: "
                       f"tinystack eval regress --model {out_dir} --baseline {base_dir} --cases "
                       f"{work / 'regression.jsonl'})")
-    return report
+
+
+def _register(name: str, out_dir: Path, registry_root: str) -> None:
+    """Add the fine-tuned model as the next version of `name`; current only if the registry's fine-tune gate
+    (eval.registry.finetune_refusal) allows it, as `tinystack models promote` would."""
+    reg = ModelRegistry(registry_root)
+    version = reg.add(name, out_dir, {"gated_against": "base"})
+    refusal = finetune_refusal(reg.record(name, version))
+    if refusal:
+        console.print(f"registry: {name} {version} added, not promoted: {refusal}")
+    else:
+        reg.promote(name, version)
+        console.print(f"registry: {name} {version} promoted (held-out loss below the base's, general prompts kept)")
+
+
+def encode_split_messages(conversations: list[list[dict[str, str]]], formatter: Any, tokenizer: Any,
+                          max_len: int) -> list[Any]:
+    """Examples of generated conversations (replay); ones that do not fit are left out."""
+    out = [encode_conversation(m, formatter, tokenizer, max_len) for m in conversations]
+    return [ex for ex in out if not isinstance(ex, str)]
 
 
 def heldout_cases(records: list[Any], tokenizer: Any, n_cases: int, max_len: int) -> list[Any]:

@@ -2,6 +2,7 @@
 
     plan_linears(model)   every plain nn.Linear of `model` -> a PlannedLinear sharing its parameters (in place;
                           tied weights stay tied, state_dict names and values unchanged); returns how many
+    unplan_linears(model) the reverse, once trained (finetune's evaluation and the forgetting guard's engine)
     PlannedLinear         y = x W^T + b, forward and backward through matmul_plan.mm:
                               y = x W^T,   grad_x = g W,   grad_W = g^T x,   grad_b = sum of g's rows
 
@@ -59,12 +60,22 @@ class PlannedLinear(nn.Linear):
 
 def plan_linears(model: nn.Module) -> int:
     """Replace every plain nn.Linear in `model` by a PlannedLinear holding the same Parameter objects."""
-    swaps = [(name, m) for name, m in model.named_modules() if type(m) is nn.Linear]
+    return _swap(model, nn.Linear, PlannedLinear)
+
+
+def unplan_linears(model: nn.Module) -> int:
+    """The reverse, after training: plain nn.Linear layers again (for the inference engine and evaluation,
+    whose inference-mode tensors the training products' autograd Function is not written for)."""
+    return _swap(model, PlannedLinear, nn.Linear)
+
+
+def _swap(model: nn.Module, old: type, new: type) -> int:
+    swaps = [(name, m) for name, m in model.named_modules() if type(m) is old]
     for name, m in swaps:
-        planned = PlannedLinear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
-        planned.weight = m.weight
-        planned.bias = m.bias
-        planned.train(m.training)
+        layer = new(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
+        layer.weight = m.weight
+        layer.bias = m.bias
+        layer.train(m.training)
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, planned)
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
     return len(swaps)
