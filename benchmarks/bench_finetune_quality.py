@@ -2,25 +2,27 @@
 
 SmolLM2-135M-Instruct (imported by `tinystack model import smollm2-135m-instruct`, as a user does) is
 fine-tuned through `tinystack.train.finetune` at the command's defaults (config.FINETUNE_DEFAULTS: LoRA r=16,
-steps from the data size, early stopping, best weights kept, the forgetting guard on its 100 built-in general
+steps from the data size, early stopping, best weights kept, replay of the base's answers to 100 general
+prompts, the forgetting guard on its 100 built-in general
 prompts) on the planted-knowledge set of tests/train/planted_facts.py WITHOUT its general-facts rows: 36
 questions about an invented country (three paraphrases per fact) to train on, the fourth paraphrase of each fact
 held out (its own source, so the split by source holds all of them out; data.val_fraction=0.25 sends exactly
 it to the held-out split). Methods, each at the defaults but for
 what the row names:
 
-    full          finetune.lora=0 (full fine-tuning: all weights, the method's learning rate)
-    lora          the defaults
-    lora+replay   finetune.replay=50 (the base's answers to 50 other general prompts mixed into training)
-    full@2e-4     full fine-tuning at the old default learning rate (2e-4): the guard must stop it
+    defaults              LoRA r=16 + replay of the base's answers to the 100 built-in replay prompts
+    lora, no replay       finetune.replay=0
+    full                  finetune.lora=0 (full fine-tuning: all weights, its learning rate 2e-5, replay)
+    full@2e-4, no replay  full fine-tuning at the old default learning rate, no replay: the guard must stop it
 
 Per method: held-out paraphrase accuracy (greedy answers in float32 contain the fact's keyword), the guard's two
 retention scores (nats/token the base's own answers became less likely; share of the factual prompts the base
 answered right that the tuned model still answers right) and its verdict, held-out loss base -> tuned, steps,
 wall time and tokens/s. Targets at the defaults: held-out accuracy >= 90 %, fact retention >= 95 %, and the
-forgetting full fine-tune stopped by the guard (ForgettingError).
+forgetting full fine-tune stopped by the guard (ForgettingError). Every row runs through the guard; a row the
+guard stopped is still scored (the model is written, marked rejected).
 
-    .venv/bin/python benchmarks/bench_finetune_quality.py [--methods "lora;lora+replay;full;full@2e-4"] [--out F]
+    .venv/bin/python benchmarks/bench_finetune_quality.py [--methods "defaults;full"] [--out F]
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ from tinystack.train.finetune import finetune  # noqa: E402
 from tinystack.train.guard import ForgettingError  # noqa: E402
 
 WORK = Path(__file__).resolve().parent / ".cache" / "finetune_quality"
-METHODS = {"full": ["finetune.lora=0"], "lora": [], "lora+replay": ["finetune.replay=50"],
-           "full@2e-4": ["finetune.lora=0", "train.learning_rate=2e-4"]}
+METHODS = {"defaults": [], "lora, no replay": ["finetune.replay=0"], "full": ["finetune.lora=0"],
+           "full@2e-4, no replay": ["finetune.lora=0", "train.learning_rate=2e-4", "finetune.replay=0"]}
 
 
 def planted_rows() -> list[dict]:
@@ -69,7 +71,7 @@ def run(method: str, base: Path, data: Path) -> dict:
     # the held-out source is a quarter of the rows: a val share that sends exactly it (the split is by source)
     cfg = load_config(None, ["train.plot=false", "data.val_fraction=0.25", *METHODS[method]],
                       defaults=FINETUNE_DEFAULTS)
-    out = WORK / method.replace("+", "_").replace("@", "_")
+    out = WORK / "".join(c if c.isalnum() or c in "-." else "_" for c in method)
     t0 = time.perf_counter()
     stopped = None
     try:
@@ -93,7 +95,7 @@ def run(method: str, base: Path, data: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", default="lora;lora+replay;full;full@2e-4",
+    ap.add_argument("--methods", default=";".join(METHODS),
                     help='";"-separated: names above, or "label:section.key=value,section.key=value"')
     ap.add_argument("--out", type=Path, default=RESULTS / "finetune_quality.json")
     args = ap.parse_args()

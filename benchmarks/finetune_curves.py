@@ -34,6 +34,8 @@ def loss_curves(model_dir: Path, steps: int, rank: int, threads: int, dtype: str
             t.max_iters, t.learning_rate, t.min_lr = steps, lr, lr / 10
             cfg.finetune.lora, cfg.finetune.lora_alpha = r, 2.0 * r
             t.eval_interval, cfg.data.val_fraction, t.warmup_iters = max(1, steps // 4), 0.2, 3
+            # the loss curves of a fixed number of steps: no early stop, no guard or replay (bench_finetune_quality)
+            t.early_stopping, t.keep_best, cfg.finetune.guard_prompts, cfg.finetune.replay = 0, False, 0, 0
             out = Path(tmp) / name.replace(" ", "_").replace("=", "")
             report = finetune(model_dir, data, out, cfg, progress=False)
             log = [json.loads(x) for x in (out.parent / f"{out.name}_finetune" / "log.jsonl").read_text().splitlines()]

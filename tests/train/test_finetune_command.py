@@ -22,7 +22,7 @@ from tinystack.train.finetune import finetune
 # early stopping and the defaults have tests of their own, test_finetune_guard.py)
 FAST = ["train.max_iters=8", "train.batch_size=4", "train.learning_rate=0.01", "train.warmup_iters=2",
         "train.eval_interval=4", "data.val_fraction=0.25", "train.plot=false", "train.seed=0",
-        "train.early_stopping=0", "train.keep_best=false", "finetune.guard_prompts=0"]
+        "train.early_stopping=0", "train.keep_best=false", "finetune.guard_prompts=0", "finetune.replay=0"]
 
 
 def _conversations(n=24, seed=0):
@@ -120,7 +120,8 @@ def test_user_errors_are_one_line(tmp_path, data, capsys, monkeypatch):
               "no linear layer matches LoRA targets")]
     for args, message in cases:
         monkeypatch.setattr(sys, "argv", ["tinystack", "finetune", *args, "--out", str(tmp_path / "out"),
-                                          "--set", "train.max_iters=1", "--set", "finetune.guard_prompts=0"])
+                                          "--set", "train.max_iters=1", "--set", "finetune.guard_prompts=0",
+                                          "--set", "finetune.replay=0"])
         with pytest.raises(SystemExit) as e:
             main()
         err = capsys.readouterr().err.strip()

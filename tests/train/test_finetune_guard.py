@@ -49,7 +49,8 @@ def knowing_base(tmp_path_factory):
             for a, b in KNOWN]
     cfg = load_config(None, ["finetune.lora=0", "train.max_iters=40", "train.batch_size=6", "train.learning_rate=0.01",
                              "train.warmup_iters=0", "train.eval_interval=40", "data.val_fraction=0.25",
-                             "train.plot=false", "finetune.guard_prompts=0", "train.early_stopping=0"],
+                             "train.plot=false", "finetune.guard_prompts=0", "train.early_stopping=0",
+                             "finetune.replay=0"],
                       defaults=FINETUNE_DEFAULTS)
     finetune(model_dir(tmp / "random", "llama"), write_jsonl(tmp / "known.jsonl", rows), tmp / "base", cfg,
              progress=False)
@@ -141,15 +142,16 @@ def test_early_stopping_ends_the_run_and_keeps_the_best_weights(monkeypatch):
     assert not all(torch.equal(p, seen[8][n]) for n, p in model.named_parameters())
 
 
-def _cli(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["tinystack", "finetune", *map(str, args)])
+def _cli(monkeypatch, capsys, *args, command="finetune"):
+    monkeypatch.setattr(sys, "argv", ["tinystack", *command.split(), *map(str, args)])
     with pytest.raises(SystemExit) as e:
         main()
     return e.value.code, capsys.readouterr()
 
 
 GUARDED = ["train.max_iters=6", "train.batch_size=4", "train.warmup_iters=0", "train.eval_interval=3",
-           "data.val_fraction=0.25", "train.plot=false", "finetune.guard_prompts=4", "finetune.guard_max_tokens=8"]
+           "data.val_fraction=0.25", "train.plot=false", "finetune.guard_prompts=4", "finetune.guard_max_tokens=8",
+           "finetune.replay=0"]
 
 
 def test_a_forgetting_fine_tune_is_stopped_written_rejected_and_never_promoted(knowing_base, tmp_path, monkeypatch,
@@ -172,6 +174,8 @@ def test_a_forgetting_fine_tune_is_stopped_written_rejected_and_never_promoted(k
     assert reg.versions("tuned") == ["v1"] and reg.current("tuned") is None and "not promoted" in out.out
     with pytest.raises(RegistryError, match="v1 is not promotable: the fine-tune forgot"):
         reg.promote("tuned", "v1")
+    code, out = _cli(monkeypatch, capsys, "tuned", "v1", "--registry", tmp_path / "registry", command="models promote")
+    assert code == 2 and out.err.startswith("error: tuned v1 is not promotable: the fine-tune forgot"), out.err
     assert reg.current("tuned") is None
 
     code, out = _cli(monkeypatch, capsys, "--model", base, "--data", data, "--out", tmp_path / "ok", *sets,

@@ -37,7 +37,7 @@ def test_lora_learns_planted_facts_and_keeps_general_knowledge(smollm2_dir, tmp_
     cfg = load_config(None, ["finetune.lora=16", "finetune.lora_alpha=32", "train.max_iters=16",
                              "train.batch_size=8", "train.learning_rate=3e-3", "train.min_lr=3e-4",
                              "train.warmup_iters=3", "train.eval_interval=100", "data.val_fraction=0.2",
-                             "finetune.guard_prompts=0", f"finetune.guard_file={general}",
+                             "finetune.guard_prompts=0", f"finetune.guard_file={general}", "finetune.replay=0",
                              f"finetune.max_retention_nll={MAX_DRIFT}", "finetune.min_fact_retention=1.0",
                              # float32 as asked below (no precision probe); torch's default threads
                              "train.dtype=float32", "train.plot=false"], defaults=FINETUNE_DEFAULTS)

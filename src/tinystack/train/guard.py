@@ -5,7 +5,8 @@
         guard's general prompts and to finetune.replay other ones, and the base's own mean nats per token on
         its guard answers; None when there is nothing to record (guard_prompts 0, no guard_file, replay 0)
     guard.replay_conversations()    [user prompt, the base's answer] conversations to mix into training
-                                    (self-distillation); only answers the base finished within the budget
+                                    (self-distillation); only answers the base finished within half of
+                                    finetune.max_seq_len tokens
     guard.check(model)              after training, on the merged model in memory: eval.retention's scores
                                     and verdict against finetune.max_retention_nll / min_fact_retention
 
@@ -60,11 +61,10 @@ class ForgettingGuard:
             return None
         base = load_model(base_dir, device=device).eval()
         llm = _engine(base, tokenizer, device)
-        answers = record(llm, formatter, [*prompts, *replay], ft.guard_max_tokens)
+        guard = record(llm, formatter, prompts, ft.guard_max_tokens)
+        # replayed answers as long as half a training conversation: most of a chatty model's answers finish
+        rest = record(llm, formatter, replay, max(ft.guard_max_tokens, (ft.max_seq_len or 256) // 2))
         del llm
-        n = len(prompts)
-        guard = Recorded(answers.prompts[:n], answers.texts[:n], answers.token_ids[:n], answers.finished[:n])
-        rest = Recorded(answers.prompts[n:], answers.texts[n:], answers.token_ids[n:], answers.finished[n:])
         base_nll = answer_nll(base, tokenizer, formatter, guard, device)
         return cls(guard, rest, base_nll, tokenizer, formatter, ft, device)
 
