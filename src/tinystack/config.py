@@ -144,8 +144,7 @@ class FinetuneConfig(Section):
     lora_targets: list[str] = field(default_factory=lambda: [  # linear layers to adapt ("q_proj,v_proj": two)
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "c_attn", "c_proj", "c_fc"])
     epochs: float = 3.0  # passes over the training split when train.max_iters is 0 (the fine-tune default)
-    # The forgetting guard (eval/retention.py): the base model's greedy answers to general prompts, recorded
-    # before training, scored on the tuned model after it
+    # the forgetting guard (train/guard.py): the base's greedy answers to general prompts, scored after training
     guard_prompts: int = 100  # how many of the built-in general prompts (spread over their kinds; 0 = none)
     guard_file: str = ""  # the user's own general prompts (JSONL: {"prompt", "answer"?}), added to the built-in
     guard_max_tokens: int = 48  # tokens of each recorded base answer
@@ -154,16 +153,12 @@ class FinetuneConfig(Section):
     min_fact_retention: float = 0.9  # share of the factual prompts the base answered right that must stay right
     allow_forgetting: bool = False  # write a model past the thresholds as accepted anyway (the report keeps it)
     replay: int = 100  # conversations of the base's own answers to other general prompts mixed into training
-    # add the model to the registry (run.registry) under this name; made current only when it passes the
-    # fine-tune's gate (held-out loss below the base's, the guard passed), else added unpromoted
-    register: str = ""
+    register: str = ""  # add the model to run.registry under this name (current only if its gate passes)
 
 
-# What `tinystack finetune` starts from instead of the defaults above (then the file, --set and flags apply as
-# usual): LoRA and replay (above) with steps from the data size (max_iters 0 = finetune.epochs passes), the
-# learning rate by method (0 = 2e-3 for LoRA, 2e-5 for full fine-tuning; min_lr 0 = a tenth of it), held-out loss
-# twice an epoch (eval_interval 0) with early stopping, and the best weights kept rather than the last: what
-# worked on a few dozen conversations (docs/train.md, BENCHMARKS.md "Fine-tuning quality").
+# What `tinystack finetune` starts from (then the file, --set and flags): zeros filled from the data by
+# finetune.schedule() (max_iters = finetune.epochs passes, learning rate 2e-3 LoRA / 2e-5 full, min_lr a tenth,
+# held-out loss twice an epoch), early stopping, the best weights kept (docs/train.md: why, measured).
 FINETUNE_DEFAULTS = {
     "train.max_iters": 0, "train.batch_size": 8, "train.learning_rate": 0.0, "train.min_lr": 0.0,
     "train.warmup_iters": 2, "train.weight_decay": 0.0, "train.eval_interval": 0, "train.ckpt_interval": 0,
