@@ -274,8 +274,6 @@ def heldout_comparison(model: torch.nn.Module, base_dir: Path, val_batches: Any,
     """Mean loss per assistant token of the fine-tuned and the base model on the held-out batches: the one
     scoring function (eval.scoring.score_batches), in the training precision."""
 
-    if not val_batches:
-        return {"conversations": 0, "assistant_tokens": 0, "base_loss": None, "finetuned_loss": None, "delta": None}
     with autocast(dtype, torch.device(device).type):
         tuned = score_batches(model, val_batches, device=device)
         base = score_batches(load_model(base_dir, device=device), val_batches, device=device)
