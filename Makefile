@@ -37,9 +37,14 @@ redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
 		|| echo "warning: could not install redis-server (needs root and Debian's apt); the Redis rate-limit test will fail"
 
+# The test files on up to two pytest-xdist workers (one per core), one file at a time each (its module fixtures
+# built once there), each worker on one torch thread: alone the suite keeps about one core busy (servers,
+# subprocesses and Ray clusters wait), and two workers on torch's default two threads each fight over 2 cores
+# (measured on 2 cores: one worker 14.6 min, two at two threads 13.2, two at one thread 9.9). Files with slow tests
+# start first (tests/conftest.py); the kernel tests set their own thread counts (tests/kernels/conftest.py).
 test: setup-dev browser redis
 	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m pytest -q $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 2 --dist loadfile --no-loadscope-reorder $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
