@@ -163,7 +163,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         hint = "" if train_ex else " (more sources or a larger data.val_fraction: the split is by source)"
         raise ValueError(f"{data_path}: no {split} conversation left: {what}{hint}")
     with torch_threads(cfg.run.threads):  # the base's answers (a resume records the same ones again)
-        guard = ForgettingGuard.record(base_dir, tok, formatter, ft, cfg.run.device)
+        guard = ForgettingGuard.record(base_dir, tok, formatter, ft, max_len, cfg.run.device)
     replayed = encode_split_messages(guard.replay_conversations() if guard else [], formatter, tok, max_len)
     main = is_main_process()
     if main:

@@ -1,12 +1,12 @@
 """The forgetting guard and replay around a fine-tune (the scores: eval/retention.py).
 
-    ForgettingGuard.record(base_dir, tokenizer, formatter, ft, device)
+    ForgettingGuard.record(base_dir, tokenizer, formatter, ft, max_len, device)
         before training: the base model's greedy answers (float32, the precision fine-tuning trains in) to the
         guard's general prompts and to finetune.replay other ones, and the base's own mean nats per token on
         its guard answers; None when there is nothing to record (guard_prompts 0, no guard_file, replay 0)
     guard.replay_conversations()    [user prompt, the base's answer] conversations to mix into training
                                     (self-distillation); only answers the base finished within half of
-                                    finetune.max_seq_len tokens
+                                    max_len (a training conversation's token limit)
     guard.check(model)              after training, on the merged model in memory: eval.retention's scores
                                     and verdict against finetune.max_retention_nll / min_fact_retention
 
@@ -53,7 +53,7 @@ class ForgettingGuard:
         self.tokenizer, self.formatter, self.ft, self.device = tokenizer, formatter, ft, device
 
     @classmethod
-    def record(cls, base_dir: Path, tokenizer: Any, formatter: Any, ft: FinetuneConfig,
+    def record(cls, base_dir: Path, tokenizer: Any, formatter: Any, ft: FinetuneConfig, max_len: int,
                device: str = "cpu") -> ForgettingGuard | None:
         prompts = general_prompts(ft.guard_prompts, ft.guard_file or None)
         replay = replay_prompts(ft.replay)
@@ -63,7 +63,7 @@ class ForgettingGuard:
         llm = _engine(base, tokenizer, device)
         guard = record(llm, formatter, prompts, ft.guard_max_tokens)
         # replayed answers as long as half a training conversation: most of a chatty model's answers finish
-        rest = record(llm, formatter, replay, max(ft.guard_max_tokens, (ft.max_seq_len or 256) // 2))
+        rest = record(llm, formatter, replay, max(ft.guard_max_tokens, max_len // 2))
         del llm
         base_nll = answer_nll(base, tokenizer, formatter, guard, device)
         return cls(guard, rest, base_nll, tokenizer, formatter, ft, device)
