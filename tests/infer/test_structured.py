@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import replace
 
 import jsonschema
@@ -182,11 +183,18 @@ def test_bad_constraints_are_grammar_errors_naming_the_kind(tok):
         StructuredOutputs(json={"type": "object"}, regex="a")
 
 
-def test_compile_over_the_time_limit_is_refused_not_waited_for(tok):
-    big = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": f"^[a-z]{{{i},{i + 40}}}x$"}
-                                            for i in range(60)}}
+def test_compile_over_the_time_limit_is_refused_not_waited_for(tok, monkeypatch):
+    # a compile that takes 1 s: llguidance's own take milliseconds here, too little to race a limit reliably
+    # (a 0.1 ms limit against an 8 ms compile passed only while the caller reached its wait first)
+    from tinystack.infer.structured import grammar
+
+    real = grammar._build
+    monkeypatch.setattr(grammar, "_build", lambda *a: (time.sleep(1.0), real(*a))[1])
+    slow = {"type": "object", "properties": {"over_the_limit": {"type": "integer"}}}  # cached by no other test
+    t0 = time.monotonic()
     with pytest.raises(GrammarError, match="longer than"):
-        compile_grammar(StructuredOutputs(json=big), tok, 1e-4)
+        compile_grammar(StructuredOutputs(json=slow), tok, 0.1)
+    assert time.monotonic() - t0 < 0.8  # refused at the limit, not after the compile
 
 
 # -- the engine --
