@@ -212,3 +212,68 @@ def test_a_compile_over_the_time_limit_is_a_400(server, monkeypatch):
     finally:
         llm.config = saved
     assert "longer than" in r.json()["error"]["message"]
+
+
+# A template in Llama 3.1's tool format (written here after Meta's description of it: tools listed with the
+# instruction to answer {"name": ..., "parameters": ...}, tool results in `ipython` turns, one call per turn)
+LLAMA31_STYLE = """{{- bos_token }}
+{%- if tools %}<|start_header_id|>system<|end_header_id|>
+
+Environment: ipython
+To call a function, respond with JSON in the format {"name": function name, "parameters": dictionary of argument \
+name and its value}. Do not use variables.
+{% for t in tools %}{{ t | tojson }}
+{% endfor %}<|eot_id|>
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == "tool" %}<|start_header_id|>ipython<|end_header_id|>
+
+{{ m.content }}<|eot_id|>
+{%- elif m.tool_calls %}
+{%- if m.tool_calls | length != 1 %}{{ raise_exception("This model only supports single tool-calls at once!") }}\
+{% endif %}
+{%- set call = m.tool_calls[0].function %}<|start_header_id|>assistant<|end_header_id|>
+
+{"name": "{{ call.name }}", "parameters": {{ call.arguments | tojson }}}<|eot_id|>
+{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>
+
+{{ m.content }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"""
+
+
+def test_a_llama31_style_template_gets_its_own_call_format(server, smollm2_dir, tmp_path):
+    # the same engine behind a server whose model directory has that template: the model is asked, constrained and
+    # parsed in "parameters" JSON, never in <tool_call> markup, whole and streamed, and its history renders
+    model_dir = tmp_path / "llama-style"
+    model_dir.mkdir()
+    for f in smollm2_dir.iterdir():
+        (model_dir / f.name).symlink_to(f)
+    (model_dir / "chat_template.jinja").write_text(LLAMA31_STYLE)
+    app = create_app(server[1], ServeConfig(), None, model_dir=model_dir)
+    with run_in_background(app, startup_timeout_s=30, shutdown_timeout_s=5) as url:
+        llama = (url, server[1])
+        body = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", **GREEDY}
+        r = _post(llama, "/v1/chat/completions", {**body, "logprobs": True})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None, choice
+        written = "".join(t["token"] for t in choice["logprobs"]["content"])  # what the model wrote, unparsed
+        assert written.startswith('{"name": "') and '"parameters": {' in written and "tool_call" not in written
+        calls = choice["message"]["tool_calls"]
+        assert len(calls) == 1  # the format holds one call per turn, parallel_tool_calls or not
+        name = calls[0]["function"]["name"]
+        jsonschema.validate(_args(calls[0]), {"get_weather": WEATHER, "get_time": TIME}[name]["function"]["parameters"])
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+        pieces = [tc for e in events for c in e["choices"] for tc in c["delta"].get("tool_calls", [])]
+        assert "".join(tc["function"]["arguments"] for tc in pieces) == calls[0]["function"]["arguments"]
+        assert all("content" not in c["delta"] or not c["delta"]["content"] for e in events for c in e["choices"])
+        history = ASK + [choice["message"], {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Sunny"}]
+        prompt = server[1].engine.tokenizer.decode(_post(llama, "/tokenize", {"messages": history,
+                                                                              "tools": [WEATHER]}).json()["tokens"])
+        assert f'{{"name": "{name}", "parameters": ' in prompt and "ipython<|end_header_id|>\n\nSunny" in prompt
+        assert '"parameters": dictionary of argument name' in prompt and "<tool_call>" not in prompt

@@ -6,6 +6,7 @@ import llguidance
 import pytest
 
 from tinystack.infer.chat import ChatFormatter
+from tinystack.infer.chat_tools import HERMES, LLAMA3_JSON
 from tinystack.serve.api.tool_parser import ToolCallParser, delta, finish_reason, message
 from tinystack.serve.api.tools import calls_grammar, structural_tag
 
@@ -17,19 +18,31 @@ ANSWERS = [
     "a < b and <tool is not a call",
     "plain text",
     '<tool_call>{"name": "f", "arguments": {"x": "}</tool_call"} }</tool_call>',
+    '<tool_call>{"name": "f", "arguments": {"x": "a \\" { [ \\\\", "y": [1, {"z": null}]}}</tool_call> after',
+    "<tool_call>not a call</tool_call> text",
+]
+# Llama 3.1's format: the call is the JSON object itself, "parameters" for the arguments, nothing around it
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": {"c": true}}}'
+LLAMA_ANSWERS = [
+    LLAMA_CALL,
+    " " + LLAMA_CALL + "\n",
+    '{"name": "f", "parameters": {"x": "} { \\" ]"}}',
+    '{"city": "Paris"} is JSON but not a call',
+    '{"name": "f", "arguments": {}} is not in this format',
+    "plain text {with braces}",
 ]
 
 
-def _whole(text: str, max_calls=None) -> ToolCallParser:
-    p = ToolCallParser(max_calls)
+def _whole(text: str, max_calls=None, fmt=HERMES) -> ToolCallParser:
+    p = ToolCallParser(fmt, max_calls)
     p.feed(text)
     p.finish()
     return p
 
 
-def _streamed(text: str, size: int, max_calls=None) -> tuple[str, list[dict]]:
+def _streamed(text: str, size: int, max_calls=None, fmt=HERMES) -> tuple[str, list[dict]]:
     """The answer fed `size` characters at a time, assembled from deltas as a client does."""
-    p = ToolCallParser(max_calls)
+    p = ToolCallParser(fmt, max_calls)
     content, calls = "", []
     pieces = [text[i:i + size] for i in range(0, len(text), size)]
     for i, piece in enumerate(pieces):
@@ -42,12 +55,13 @@ def _streamed(text: str, size: int, max_calls=None) -> tuple[str, list[dict]]:
     return content, calls
 
 
-@pytest.mark.parametrize("text", ANSWERS)
-def test_stream_pieces_add_up_to_the_whole_answer(text):
-    whole = _whole(text)
-    assert "<tool_call>" not in whole.content and "</tool_call>" not in whole.content
+@pytest.mark.parametrize("fmt,text", [(HERMES, t) for t in ANSWERS] + [(LLAMA3_JSON, t) for t in LLAMA_ANSWERS])
+def test_stream_pieces_add_up_to_the_whole_answer(fmt, text):
+    whole = _whole(text, fmt=fmt)
+    if fmt is HERMES and "not a call" not in text:
+        assert "<tool_call>" not in whole.content and "</tool_call>" not in whole.content
     for size in (1, 2, 3, 7, len(text)):
-        content, calls = _streamed(text, size)
+        content, calls = _streamed(text, size, fmt=fmt)
         assert content == whole.content
         assert [(c["name"], c["arguments"]) for c in calls] == \
             [(c["function"]["name"], c["function"]["arguments"]) for c in whole.calls]
@@ -65,6 +79,48 @@ def test_calls_are_parsed_with_their_arguments_as_json_text():
     assert only_calls["content"] is None and len(only_calls["tool_calls"]) == 1
     assert message(_whole("hello")) == {"role": "assistant", "content": "hello"}
     assert finish_reason(_whole("hello"), "stop") == "stop"
+
+
+def test_arguments_are_exactly_the_json_value_even_with_markup_and_braces_in_strings():
+    p = _whole(ANSWERS[6])
+    assert json.loads(p.calls[0]["function"]["arguments"]) == {"x": 'a " { [ \\', "y": [1, {"z": None}]}
+    assert p.content == " after"  # text after a call keeps its own leading whitespace
+    p = _whole(ANSWERS[7])  # markup around what is no call is given back as it was written
+    assert p.calls == [] and p.content == "<tool_call>not a call</tool_call> text"
+
+
+def test_llama3_json_calls_are_the_object_itself_with_parameters():
+    p = _whole(" " + LLAMA_CALL + "\n", fmt=LLAMA3_JSON)
+    assert p.content == "" and [c["function"]["name"] for c in p.calls] == ["get_weather"]
+    assert json.loads(p.calls[0]["function"]["arguments"]) == {"city": "Paris", "unit": {"c": True}}
+    assert message(p)["content"] is None and finish_reason(p, "stop") == "tool_calls"
+    for text in LLAMA_ANSWERS[3:]:  # JSON that is not a call, or another format's: content, as written
+        p = _whole(text, fmt=LLAMA3_JSON)
+        assert p.calls == [] and p.content == text.strip(), text
+    cut = _whole('{"name": "get_weather", "parameters": {"city": "Pa', fmt=LLAMA3_JSON)
+    assert cut.calls[0]["function"]["arguments"] == '{"city": "Pa' and cut.content == ""
+
+
+def test_the_tool_format_is_read_off_the_template():
+    llama = ("{% if tools %}Environment: ipython\nRespond in the format {\"name\": function name, \"parameters\": "
+             "dictionary of argument name and its value}.{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
+    qwen = ("{% if tools %}<tools>{{ tools | tojson }}</tools> call as <tool_call>{\"name\": ..., \"arguments\": ...}"
+            "</tool_call>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert ChatFormatter(llama).tool_format is LLAMA3_JSON
+    assert ChatFormatter(qwen).tool_format is HERMES
+    assert ChatFormatter("{% for m in messages %}{{ m.content }}{% endfor %}").tool_format is HERMES  # fallback
+    assert ChatFormatter(None).tool_format is HERMES
+
+
+def test_llama3_json_constraints_write_its_format_and_one_call():
+    schemas = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    tag = structural_tag(schemas, LLAMA3_JSON)
+    assert tag["triggers"] == ['{"name"']
+    assert tag["structures"] == [{"begin": '{"name": "get_weather", "parameters": ', "schema": schemas["get_weather"],
+                                  "end": "}"}]
+    grammar = calls_grammar(schemas, False, LLAMA3_JSON)
+    assert llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar)) == ""
+    assert '"{\\"name\\": \\"get_weather\\", \\"parameters\\": "' in grammar
 
 
 def test_max_calls_drops_the_calls_after_it():

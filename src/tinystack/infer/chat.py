@@ -8,8 +8,9 @@
     otherwise                                  -> "system: ...\\nuser: ...\\nassistant:"
 
 Tools (OpenAI's `tools`, assistant `tool_calls`, `tool` turns): a template that mentions `tools` renders them
-itself, given what apply_chat_template(messages, tools=...) gives it; any other template (and the built-in
-format) gets chat_tools.fallback_messages, the documented plain-text format.
+itself, given what apply_chat_template(messages, tools=...) gives it, and asks for calls in its own format
+(`tool_format`: chat_tools.HERMES or LLAMA3_JSON); any other template (and the built-in format) gets
+chat_tools.fallback_messages, the documented plain-text format (HERMES).
 
 A template that fails to render (bad template, or it rejects the conversation via
 raise_exception) is the client's 400, with the template's message.
@@ -31,7 +32,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tinystack.infer.chat_tools import fallback_messages, hf_messages
+from tinystack.infer.chat_tools import HERMES, ToolCallFormat, fallback_messages, hf_messages, tool_call_format
 from tinystack.model.io import load_chat_template
 
 
@@ -80,6 +81,11 @@ class ChatFormatter:
     def supports_tools(self) -> bool:
         """The template has a tool section of its own (it reads `tools`): Hugging Face's test, on the text."""
         return self.template_source is not None and "tools" in self.template_source
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        """How the model is asked to write a tool call: its template's format, the fallback's (HERMES) otherwise."""
+        return tool_call_format(self.template_source) if self.supports_tools else HERMES
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str:

@@ -15,21 +15,63 @@ tool dicts. One that does not (SmolLM2's) gets `fallback_messages`, the one docu
                   (one right after the other, as the server's constraint writes them)
     tool          a user turn: "<tool_response>\\n{content}\\n</tool_response>"
 
-The calls a model is asked for are written as TOOL_CALL_OPEN {"name": ..., "arguments": ...} TOOL_CALL_CLOSE:
-the server constrains and parses exactly this text (serve/api/tools.py).
+How a model writes a call is its template's business; `tool_call_format(template)` reads it off the template text
+and the server constrains and parses exactly that text (serve/api/tools.py, serve/api/tool_parser.py):
+
+    HERMES        <tool_call>{"name": "f", "arguments": {...}}</tool_call>, several per answer: the format of
+                  templates that write <tool_call> (Qwen2.5, Qwen3, Hermes) and of the fallback above
+    LLAMA3_JSON   {"name": "f", "parameters": {...}}, one per answer, no markup: Llama 3.1 / 3.2 / 3.3 templates
+                  (they ask for "parameters" and give tool results the `ipython` role; they refuse a turn
+                  with two calls)
+
+A template with a tool section in neither format gets HERMES for what the model answers (docs/serve.md).
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """One call is `open` {"name": "<function>", "<args_key>": <JSON object>} `close`."""
+
+    name: str
+    open: str
+    close: str
+    args_key: str
+    parallel: bool  # an answer may hold several calls, one right after the other
+
+    @property
+    def trigger(self) -> str:
+        """The text that starts a call in a free answer (a JSON-only format has no markup: the object itself)."""
+        return self.open or '{"name"'
+
+    def begin(self, name: str) -> str:
+        """A call's text up to its arguments."""
+        return f'{self.open}{{"name": {json.dumps(name, ensure_ascii=False)}, "{self.args_key}": '
+
+    @property
+    def end(self) -> str:
+        """A call's text after its arguments."""
+        return "}" + self.close
+
+    def call_text(self, name: str, arguments: Any) -> str:
+        """One call as this format writes it; `arguments` a dict or JSON text."""
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        return self.begin(name) + args + self.end
 
 
-def call_text(name: str, arguments: Any) -> str:
-    """One call as the fallback format (and the server's constraint) writes it; `arguments` a dict or JSON text."""
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}{TOOL_CALL_CLOSE}'
+HERMES = ToolCallFormat("hermes", "<tool_call>", "</tool_call>", "arguments", parallel=True)
+LLAMA3_JSON = ToolCallFormat("llama3_json", "", "", "parameters", parallel=False)
+
+
+def tool_call_format(template: str | None) -> ToolCallFormat:
+    """The format a chat template asks its model to call tools in (see the module docstring)."""
+    if template and "<tool_call>" not in template and '"parameters"' in template and "ipython" in template:
+        return LLAMA3_JSON
+    return HERMES
 
 
 def _arguments(text: Any) -> Any:
@@ -60,7 +102,7 @@ def tools_preamble(tools: list[dict[str, Any]]) -> str:
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     return ("# Tools\n\nYou may call one or more functions to answer the user. The functions are listed in "
             f"<tools></tools>:\n<tools>\n{lines}\n</tools>\n\nTo call a function, answer with:\n"
-            f'{TOOL_CALL_OPEN}{{"name": <function-name>, "arguments": <arguments-json-object>}}{TOOL_CALL_CLOSE}')
+            f'{HERMES.open}{{"name": <function-name>, "arguments": <arguments-json-object>}}{HERMES.close}')
 
 
 def fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, str]]:
@@ -72,7 +114,8 @@ def fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]
         if m["role"] == "tool":
             out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
         elif m.get("tool_calls"):
-            calls = "".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"])
+            calls = "".join(HERMES.call_text(c["function"]["name"], c["function"]["arguments"])
+                            for c in m["tool_calls"])
             out.append({"role": m["role"], "content": f"{content}\n{calls}" if content else calls})
         else:
             out.append({"role": m["role"], "content": content})

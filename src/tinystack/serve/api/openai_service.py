@@ -114,7 +114,7 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
     parsed: list[dict[str, Any] | None] = [None] * prep.n
     if kind == "chat" and prep.tools is not None and not degraded:
         for i, c in enumerate(choices):
-            parser = ToolCallParser(prep.tools.max_calls)
+            parser = ToolCallParser(prep.tools.format, prep.tools.max_calls)
             parser.feed(c.text)
             parser.finish()
             parsed[i], c.finish_reason = message(parser), finish_reason(parser, c.finish_reason)
@@ -151,7 +151,8 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
     finished = 0
     tracker = RequestTracker(ctx)
     tracker.enqueued()
-    parsers = [ToolCallParser(prep.tools.max_calls) for _ in range(prep.n)] if kind == "chat" and prep.tools else []
+    tools = prep.tools if kind == "chat" else None
+    parsers = [ToolCallParser(tools.format, tools.max_calls) for _ in range(prep.n)] if tools else []
 
     def chunk(choices: list[dict[str, Any]], degraded: bool = False, timing: dict | None = None) -> bytes:
         body = {**_envelope(state, kind, rid, created, stream=True), "choices": choices}

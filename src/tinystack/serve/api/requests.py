@@ -184,7 +184,8 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
         raise _param("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
     if body.top_logprobs is not None and not body.logprobs:
         raise _param("top_logprobs", "top_logprobs needs logprobs: true")
-    plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, body.response_format)
+    plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, body.response_format,
+                      state.chat.tool_format)
     so, param = constraint_of(body)
     if plan is not None and plan.constraint is not None:  # plan_tools refused a response_format beside it
         so, param = plan.constraint, "tools"

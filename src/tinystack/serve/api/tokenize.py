@@ -1,6 +1,6 @@
 """POST /tokenize and /detokenize (vLLM's extra endpoints): the token ids the server runs, and back.
 
-    /tokenize   {"prompt": str} | {"messages": [...], "add_generation_prompt": true}
+    /tokenize   {"prompt": str} | {"messages": [...], "add_generation_prompt": true, "tools": [...]}
                 -> {"count", "max_model_len", "tokens"}: exactly the ids /v1/completions (a prompt) or
                    /v1/chat/completions (messages, rendered by the model's chat template) would run, so a
                    client can count a prompt against the context, or find the ids to give `logit_bias`
@@ -18,6 +18,7 @@ from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatMessage
 from tinystack.serve.api.requests import chat_messages, check_prompt_chars, check_token_ids
 from tinystack.serve.api.schemas import STRICT
+from tinystack.serve.api.tool_schemas import Tool
 from tinystack.serve.state import ServerState
 
 
@@ -30,6 +31,8 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_generation_prompt: bool = Field(True, description="Messages only: end with the assistant's turn opening, "
                                                           "as a chat completion does.")
+    tools: list[Tool] | None = Field(None, max_length=128, description="Messages only: the tools the chat template "
+                                                                      "is given, as a chat completion's `tools`.")
 
 
 class TokenizeResponse(BaseModel):
@@ -59,7 +62,8 @@ def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
         messages = chat_messages(body.messages)
         check_prompt_chars(state, sum(len(m["content"]) for m in messages))
         try:
-            prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt)
+            tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools] if body.tools else None
+            prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt, tools=tools)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), "invalid_value", param="messages") from None
         ids = encode_chat(tokenizer, prompt)

@@ -1,15 +1,17 @@
 """OpenAI tools -> what the model is asked (the template's `tools`) and how its answer is constrained.
 
-Every call is written in one format (infer/chat_tools.py, docs/serve.md):
+Calls are written in the model's own format (infer/chat_tools.tool_call_format: HERMES, LLAMA3_JSON; docs/serve.md):
 
-    <tool_call>{"name": "<function>", "arguments": <JSON matching the function's parameters>}</tool_call>
+    HERMES        <tool_call>{"name": "<function>", "arguments": <JSON matching its parameters>}</tool_call>
+    LLAMA3_JSON   {"name": "<function>", "parameters": <JSON matching its parameters>}
 
     tool_choice "none"                  no constraint; the answer is plain text (nothing is parsed)
-    tool_choice "auto" (the default)    a structural tag: free text until the model writes <tool_call>, then
-                                        the call's name and arguments are constrained; plain answers are never
-                                        constrained
+    tool_choice "auto" (the default)    a structural tag: free text until the model writes the format's trigger
+                                        (<tool_call>, or {"name" for LLAMA3_JSON), then the call's name and
+                                        arguments are constrained; plain answers are never constrained
     tool_choice "required"              a Lark grammar: the whole answer is one or more calls (one when
-                                        parallel_tool_calls is false), one right after the other
+                                        parallel_tool_calls is false or the format holds one), one right after
+                                        the other
     {"type": "function", ...}           the same grammar with that one function, exactly one call
 
 `parallel_tool_calls: false` with "auto" cannot be said in a structural tag: the answer's calls after the first
@@ -24,7 +26,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinystack.infer.chat_tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from tinystack.infer.chat_tools import HERMES, ToolCallFormat
 from tinystack.sampling_params import StructuredOutputs
 from tinystack.serve.api.errors import ApiError
 
@@ -40,6 +42,7 @@ class ToolPlan:
     constraint: StructuredOutputs | None = None
     max_calls: int | None = None  # calls kept when the answer is parsed (None: all)
     schemas: dict[str, dict] = field(default_factory=dict)  # function name -> its arguments' schema
+    format: ToolCallFormat = HERMES  # how the model writes a call (its template's)
 
     @property
     def parse(self) -> bool:
@@ -51,39 +54,33 @@ def _invalid(param: str, message: str) -> ApiError:
     return ApiError(400, message, "invalid_value", param=param)
 
 
-def begin(name: str) -> str:
-    """The text a call starts with, up to its arguments."""
-    return f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
-
-
-END = "}" + TOOL_CALL_CLOSE
-
-
 def _lit(text: str) -> str:
     return json.dumps(text)  # Lark string literals take JSON's escapes
 
 
-def calls_grammar(schemas: dict[str, dict], many: bool) -> str:
+def calls_grammar(schemas: dict[str, dict], many: bool, fmt: ToolCallFormat = HERMES) -> str:
     """A Lark grammar (llguidance's, with %json) for an answer that is only calls: one, or one or more."""
     # calls follow each other with nothing between: after a call the model's only choices are another call or
     # EOS (with a newline allowed, SmolLM2 takes it and is then forced into a second call it did not want)
     rules = [f"start: call{'+' if many else ''}",
              "call: " + " | ".join(f"c{i}" for i in range(len(schemas)))]
     for i, (name, schema) in enumerate(schemas.items()):
-        rules.append(f"c{i}: {_lit(begin(name))} a{i} {_lit(END)}")
+        rules.append(f"c{i}: {_lit(fmt.begin(name))} a{i} {_lit(fmt.end)}")
         rules.append(f"a{i}: %json {json.dumps(schema)}")
     return "\n".join(rules) + "\n"
 
 
-def structural_tag(schemas: dict[str, dict]) -> dict[str, Any]:
-    """vLLM's structural tag for tool_choice "auto": any text, and after <tool_call> one of the functions."""
-    return {"triggers": [TOOL_CALL_OPEN],
-            "structures": [{"begin": begin(name), "schema": schema, "end": END} for name, schema in schemas.items()]}
+def structural_tag(schemas: dict[str, dict], fmt: ToolCallFormat = HERMES) -> dict[str, Any]:
+    """vLLM's structural tag for tool_choice "auto": any text, and after the format's trigger one of the functions."""
+    return {"triggers": [fmt.trigger],
+            "structures": [{"begin": fmt.begin(name), "schema": schema, "end": fmt.end}
+                           for name, schema in schemas.items()]}
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool, response_format: Any) -> ToolPlan | None:
-    """A chat body's tools, tool_choice and parallel_tool_calls -> ToolPlan (None: no tools); 400s as listed in the
-    module docstring."""
+def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool, response_format: Any,
+               fmt: ToolCallFormat) -> ToolPlan | None:
+    """A chat body's tools, tool_choice and parallel_tool_calls, for a model that calls in `fmt` -> ToolPlan (None:
+    no tools); 400s as listed in the module docstring."""
     if not tools:
         if tool_choice is not None and tool_choice != "none":
             raise _invalid("tool_choice", "tool_choice needs tools: this request lists none")
@@ -106,13 +103,14 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool, respon
         raise _invalid("response_format", "response_format other than text cannot be combined with tools "
                                           "(unless tool_choice is \"none\")")
     dicts = [t.model_dump(exclude_none=True, by_alias=True) for t in tools]
-    plan = ToolPlan(dicts, choice, schemas=schemas, max_calls=None if parallel else 1)
+    many = parallel and fmt.parallel
+    plan = ToolPlan(dicts, choice, schemas=schemas, max_calls=None if many else 1, format=fmt)
     if choice == "auto":
-        plan.constraint = StructuredOutputs(structural_tag=structural_tag(schemas))
+        plan.constraint = StructuredOutputs(structural_tag=structural_tag(schemas, fmt))
     elif choice == "required":
-        plan.constraint = StructuredOutputs(grammar=calls_grammar(schemas, many=parallel))
+        plan.constraint = StructuredOutputs(grammar=calls_grammar(schemas, many, fmt))
     elif choice == "named":
         name = tool_choice.function.name
-        plan.constraint = StructuredOutputs(grammar=calls_grammar({name: schemas[name]}, many=False))
+        plan.constraint = StructuredOutputs(grammar=calls_grammar({name: schemas[name]}, False, fmt))
         plan.max_calls = 1
     return plan
