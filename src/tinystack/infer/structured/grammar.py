@@ -29,8 +29,9 @@ CACHE_SIZE = 256  # compiled grammars kept per process
 # JSON as the model likes to write it: llguidance's free whitespace (compact, spaced or indented all match).
 # Tried: one fixed layout (json.dumps' ", " / ": ", no other whitespace) forces more tokens (bench_structured.py:
 # fast-forward cut the time to a 10-key object by 52 % instead of 27 %), but it pushed SmolLM2 off the layout it
-# writes and its greedy answers stopped finishing (a string or a number that never closes). A schema that wants
-# the fixed layout says so itself: "x-guidance": {"whitespace_flexible": false}.
+# writes and its greedy answers stopped finishing (a string or a number that never closes); items on indented lines
+# (item_separator ",\n  ") finish, but the values it writes get worse (BENCHMARKS.md). A schema that wants a fixed
+# layout says so itself: "x-guidance": {"whitespace_flexible": false, ...}.
 JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": True}
 
 
