@@ -98,6 +98,8 @@ class SamplingParams:
                          model_default=True, ge=0.0, le=1.0)
     stop: tuple[str, ...] = ()  # stop strings: generation ends before the first one (not included in text)
     stop_token_ids: tuple[int, ...] = ()  # like EOS: ends generation, not included in the output
+    min_tokens: int = _knob(int, 0, "Tokens generated before EOS, stop_token_ids or a stop string may end the "
+                                    "output (vLLM's); at most max_tokens.", ge=0)
     # [0.01, 10], not vLLM's "> 0": a penalty near 0 divides a logit into inf and the draw fails (the fuzz test
     # found 1e-323 turning into NaN probabilities and engine failures)
     repetition_penalty: float = _knob(float, 1.0, "Divides seen tokens' positive logits (multiplies negative "
@@ -126,6 +128,10 @@ class SamplingParams:
             raise ValueError("logit_bias maps token ids (>= 0) to biases in [-100, 100]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
+        if self.min_tokens and self.structured_outputs is not None:  # the constraint decides where it ends
+            raise ValueError("min_tokens cannot be combined with a structured output constraint")
 
     def bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """logit_bias as (ids, biases) tensors, built once per params (a request may bias thousands of tokens,

@@ -16,7 +16,8 @@ from tinystack.config import Config
 PER_CALL = {
     "help", "config", "set_", "input", "out", "model", "data", "tokens", "cases", "prompt", "log", "log_level",
     "no_serve", "progress", "format", "resume", "ckpt_dir", "metric_tolerance", "max_tokens", "temperature", "top_k",
-    "top_p", "min_p", "seed", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos",
+    "top_p", "min_p", "seed", "stop", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens",
+    "ignore_eos",
     "prompt_tokens", "new_tokens", "url", "concurrency", "requests", "rate", "max_seconds", "api_key", "plot",
     "as_json", "key", "no_promote", "baseline", "version", "chat", "system",
     "json_schema", "regex", "choice", "grammar",  # generate's output constraint (infer/structured)

@@ -80,6 +80,26 @@ def test_stop_token_ids_eos_and_ignore_eos(llm):
     assert llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=3))[0].finish_reason in ("length", "stop")
 
 
+def test_min_tokens_holds_off_stop_token_ids_eos_and_stop_strings(llm):
+    free = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+    target = free.token_ids[2]  # a token the free output writes early: it would end the output there
+    first = free.token_ids.index(target)
+    held = SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[target], min_tokens=first + 4)
+    out = llm.generate(["abc"], held)[0]
+    assert len(out.token_ids) >= first + 4 and target not in out.token_ids[:first + 4], out.token_ids
+    # EOS is held off as stop_token_ids are: the model's own EOS made the only token it may write first
+    eos = llm.tokenizer.eos_token_id
+    forced_eos = SamplingParams(temperature=0, max_tokens=12, logit_bias={eos: 100.0}, min_tokens=5)
+    out = llm.generate(["abc"], forced_eos)[0]
+    assert len(out.token_ids) >= 5 and eos not in out.token_ids[:5] and out.finish_reason == "stop"
+    stop = free.text[1:3]  # a stop string found in the first tokens' text is not honoured before min_tokens
+    out = llm.generate(["abc"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop],
+                                               min_tokens=len(free.token_ids)))[0]
+    assert out.token_ids == free.token_ids
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
 def test_logprobs_are_log_softmax_of_the_model(llm):
     out = llm.generate(["some prompt"], SamplingParams(temperature=0, max_tokens=4, logprobs=5, ignore_eos=True))[0]
     model = llm.engine.model

@@ -189,6 +189,27 @@ def test_logit_bias_steers_the_answer_and_bad_keys_are_400(serve, engine):
         assert err["param"] == "logit_bias" and message in err["message"], err
 
 
+def test_stop_token_ids_and_min_tokens_through_the_openai_client(serve, engine):
+    served = serve(engine)
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0, timeout=30)
+    free = client.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    ids = engine.engine.tokenizer.encode_ordinary(free.choices[0].text)
+    cut = client.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                    extra_body={"stop_token_ids": [ids[3]], "ignore_eos": True})
+    assert cut.choices[0].finish_reason == "stop" and cut.usage.completion_tokens == ids.index(ids[3])
+    held = client.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"stop_token_ids": [ids[3]], "min_tokens": 12, "ignore_eos": True})
+    assert held.usage.completion_tokens == 12 and ids[3] not in \
+        engine.engine.tokenizer.encode_ordinary(held.choices[0].text)
+    for extra, param in [({"stop_token_ids": [engine.engine.tokenizer.vocab_size]}, "stop_token_ids"),
+                         ({"stop_token_ids": [-1]}, "stop_token_ids.0"), ({"min_tokens": 20}, "min_tokens"),
+                         ({"min_tokens": -1}, "min_tokens")]:
+        r = httpx.post(f"{served.url}/v1/completions", timeout=10,
+                       json={"prompt": PROMPT, "max_tokens": 12, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+
+
 def test_tokenize_gives_the_ids_a_completion_or_chat_runs_and_detokenize_reverses_it(serve, engine):
     served = serve(engine, max_prompt_chars=200)
     tok = engine.engine.tokenizer

@@ -42,6 +42,8 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
              repetition_penalty: Annotated[float | None, typer.Option(help=f"{MODEL_DEFAULT}, else 1 (off).")] = None,
              presence_penalty: Annotated[float | None, typer.Option(help=f"{TABLE}, 0 (off).")] = None,
              frequency_penalty: Annotated[float | None, typer.Option(help=f"{TABLE}, 0 (off).")] = None,
+             min_tokens: Annotated[int | None, typer.Option(help=f"Tokens before EOS or a stop may end the output. "
+                                                                 f"{TABLE}, 0.")] = None,
              ignore_eos: bool = False,
              json_schema: Annotated[Path | None, typer.Option(help="Constrain the output to this JSON Schema (a "
                                                                    "file).")] = None,
@@ -65,7 +67,8 @@ def generate(cfg: Config, model: Annotated[Path, typer.Option(help="Model direct
     given = {k: v for k, v in dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                    min_p=min_p, seed=seed, repetition_penalty=repetition_penalty,
                                    presence_penalty=presence_penalty,
-                                   frequency_penalty=frequency_penalty).items() if v is not None}
+                                   frequency_penalty=frequency_penalty, min_tokens=min_tokens).items()
+             if v is not None}
     for name, value in given.items():  # the one table's ranges, named by the flag
         try:
             KNOBS[name].check(value)

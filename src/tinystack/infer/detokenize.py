@@ -12,9 +12,10 @@ from tinystack.infer.sequence import Sequence
 
 
 def detokenize(tokenizer: Any, seq: Sequence) -> None:
-    """seq.text = the output so far, cut before the first stop string (which finishes the sequence)."""
+    """seq.text = the output so far, cut before the first stop string (which finishes the sequence; not before
+    params.min_tokens were generated)."""
     text = tokenizer.decode(seq.output_ids)
-    for s in seq.params.stop:
+    for s in seq.params.stop if len(seq.output_ids) >= seq.params.min_tokens else ():
         cut = text.find(s, max(0, len(seq.text) - len(s)))
         if cut >= 0:
             text, seq.finish_reason = text[:cut], "stop"

@@ -58,6 +58,8 @@ class LLMEngine:
         config = config or InferConfig()  # its values were checked when it was built (config.Section)
         self.config = config
         self.model, self.tokenizer = model.eval(), tokenizer
+        eos = getattr(tokenizer, "eos_token_ids", None) or {tokenizer.eos_token_id}
+        self._eos_ids = frozenset(t for t in eos if t is not None)
         cfg = model.config
         self.max_seq_len = cfg.max_seq_len
         param = next(model.parameters())
@@ -219,7 +221,7 @@ class LLMEngine:
                 spec.append((i, seq))
             elif seq.num_computed == seq.num_tokens:  # prompt (or recompute) done: this row samples
                 ready.append((i, seq))
-                rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids))
+                rows.append(SampleRow(seq.params, seq.generator, seq.prompt_ids, seq.output_ids, self._eos_ids))
         picked = logits[[last[i] for i, _ in ready]].float()  # rows of their own: masking writes in place
         if masks is not None:  # the constrained rows, in `ready` order (both follow the batch's order)
             picked = self.masker.apply(picked, [j for j, (_, s) in enumerate(ready) if s.matcher], masks)
@@ -266,7 +268,7 @@ class LLMEngine:
         seq.metrics.first_token = seq.metrics.first_token or now
         seq.metrics.last_token = now
         reason = None
-        eos = getattr(self.tokenizer, "eos_token_ids", None) or {self.tokenizer.eos_token_id}
+        eos = self._eos_ids
         toks, infos, m = list(toks), list(infos), seq.matcher
         i = 0
         while i < len(toks):  # (a constraint's forced tokens are appended to toks as it goes)

@@ -3,7 +3,8 @@
 Order of operations (the same as Hugging Face's and vLLM's):
     penalties: repetition (prompt + output tokens: positive logits / p, negative * p),
                presence and frequency (output tokens: - presence - frequency * count),
-               then logit_bias (OpenAI's: a bias per token id added to its logit; -100 bans it in effect)
+               then logit_bias (OpenAI's: a bias per token id added to its logit; -100 bans it in effect),
+               then, while fewer than min_tokens were generated, EOS and stop_token_ids banned (vLLM's)
     temperature < 1e-5: greedy (argmax of the penalised logits), the other knobs are ignored
                (as vLLM: dividing by a subnormal temperature overflows to inf and NaN)
     else: / temperature -> top-k -> top-p (smallest set reaching mass p, at least the top
@@ -56,9 +57,9 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
-                    output_ids: Sequence[int]) -> torch.Tensor:
-    """One row of logits [V] with the repetition / presence / frequency penalties and the logit bias applied
-    (a new tensor)."""
+                    output_ids: Sequence[int], eos_ids: Sequence[int] = ()) -> torch.Tensor:
+    """One row of logits [V] with the repetition / presence / frequency penalties, the logit bias and the
+    min_tokens ban (of `eos_ids` and params.stop_token_ids) applied (a new tensor)."""
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), dtype=torch.long, device=logits.device)
         if seen.numel():
@@ -72,22 +73,28 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_ids: Se
     if params.logit_bias:  # ids checked against the vocabulary when the request was added (LLMEngine)
         ids, bias = params.bias_tensors()
         logits = logits.index_add(0, ids.to(logits.device), bias.to(logits.device, logits.dtype))
+    if len(output_ids) < params.min_tokens:
+        banned = [t for t in {*eos_ids, *params.stop_token_ids} if 0 <= t < logits.numel()]
+        logits = logits.index_fill(0, torch.tensor(banned, dtype=torch.long, device=logits.device), float("-inf"))
     return logits
 
 
 def has_penalties(p: SamplingParams) -> bool:
     """Anything apply_penalties changes (such rows are processed one by one and never speculated)."""
-    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty) or bool(p.logit_bias)
+    return (p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+            or bool(p.logit_bias) or p.min_tokens > 0)
 
 
 @dataclass
 class SampleRow:
-    """What the sampler needs of one request: its params, generator and tokens so far."""
+    """What the sampler needs of one request: its params, generator and tokens so far, and the model's EOS ids
+    (banned until params.min_tokens were generated)."""
 
     params: SamplingParams
     generator: torch.Generator | None
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]
+    eos_ids: Sequence[int] = ()
 
 
 def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[int], list[dict | None]]:
@@ -102,7 +109,7 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[SampleRow]) -> tuple[list[
         p = r.params
         if is_greedy(p) and not has_penalties(p):
             continue
-        row = apply_penalties(logits[i], p, r.prompt_ids, r.output_ids) if has_penalties(p) else logits[i]
+        row = apply_penalties(logits[i], p, r.prompt_ids, r.output_ids, r.eos_ids) if has_penalties(p) else logits[i]
         if is_greedy(p):
             tokens[i] = int(row.argmax())
             continue

@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic v2), and their extras.
 
 The fields are OpenAI's (https://platform.openai.com/docs/api-reference), plus vLLM-style extras that the
-`openai` client sends with `extra_body`: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, and `timeout`
+`openai` client sends with `extra_body`: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`,
+`stop_token_ids`, and `timeout`
 (seconds; may only lower the server's timeout). The sampling fields (temperature, top_p, seed, the
 penalties, top_k, min_p, ...) are made from SamplingParams' table (schemas.sampling_fields): their names,
 defaults and ranges (OpenAI's where it has the field, else vLLM's) are declared once, in infer/sampler.py;
@@ -52,6 +53,9 @@ class _Fields(RequestBody):
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100], "
                                                                  "added to its logit before sampling.")
     ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, max_length=64, description="vLLM's extra: token ids that end the output like EOS (not included); ids "
+                                         "of this model's vocabulary.")
     timeout: float | None = Field(None, gt=0.0, le=3600.0, description="Seconds; only lowers the server's.")
     response_format: ResponseFormat | None = Field(None, description="text (default), json_object, or "
                                                                      "json_schema: the answer matches it.")

@@ -97,6 +97,9 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
                                    f"{len(ids)} + {max_tokens} = {len(ids) + max_tokens} exceeds the model's context "
                                    f"of {ctx} tokens (max_seq_len - max_tokens = {ctx - max_tokens} prompt tokens "
                                    f"at most)", code="context_length_exceeded")
+    if sampling.get("min_tokens", 0) > max_tokens:
+        raise _param("min_tokens", f"min_tokens must be at most max_tokens ({max_tokens}), "
+                                   f"got {sampling['min_tokens']}")
     if 0 < sampling.get("temperature", 1.0) < GREEDY_BELOW:  # logits / 1e-300 overflow to inf -> NaN probs
         sampling["temperature"] = 0.0
     if "top_p" in sampling:  # a top_p that float32 rounds to 0 would drop every token
@@ -136,8 +139,10 @@ def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> tuple[tupl
 
 
 def _common(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> dict[str, Any]:
+    check_token_ids(state, body.stop_token_ids or [], "stop_token_ids")
     return dict(n=body.n, stop=body.stop, timeout=body.timeout, **body_sampling(state, body),
-                logit_bias=_logit_bias(state, body.logit_bias), ignore_eos=body.ignore_eos)
+                logit_bias=_logit_bias(state, body.logit_bias), ignore_eos=body.ignore_eos,
+                stop_token_ids=tuple(body.stop_token_ids or ()))
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
