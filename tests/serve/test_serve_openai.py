@@ -210,6 +210,25 @@ def test_stop_token_ids_and_min_tokens_through_the_openai_client(serve, engine):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
 
 
+def test_cached_tokens_count_the_prompt_tokens_the_prefix_cache_served(serve, engine):
+    served = serve(engine)
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0, timeout=30)
+    block = engine.engine.config.kv_block_size
+    long_prompt = "the quick brown fox jumps over a lazy dog and runs"
+    first = client.completions.create(model="m", prompt=long_prompt, max_tokens=2, temperature=0)
+    n = first.usage.prompt_tokens
+    assert n > 2 * block and first.usage.prompt_tokens_details.cached_tokens == 0  # never seen: all computed
+    again = client.completions.create(model="m", prompt=long_prompt, max_tokens=2, temperature=0)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % block == 0 and cached < n  # whole blocks; the last token is always computed
+    streamed = list(client.completions.create(model="m", prompt=long_prompt, max_tokens=2, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == cached
+    fresh = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "zebra " * 6}],
+                                           max_tokens=2)
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+
+
 def test_tokenize_gives_the_ids_a_completion_or_chat_runs_and_detokenize_reverses_it(serve, engine):
     served = serve(engine, max_prompt_chars=200)
     tok = engine.engine.tokenizer

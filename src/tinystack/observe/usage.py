@@ -29,6 +29,7 @@ class SequenceUsage:
     completion_tokens: int
     finish_reason: str | None  # the engine's: "stop" | "length" | "abort"; None when the engine failed
     metrics: RequestMetrics | None = None
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served (not computed again)
 
 
 @dataclass
@@ -76,6 +77,12 @@ class RequestUsage:
 
     def _stamps(self, point: str) -> list[float]:
         return [t for m in self._metrics() if (t := getattr(m, point)) is not None]
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served by the prefix cache: the fewest of the request's sequences (the n choices of one
+        prompt each report theirs; the first one's prefill is what later ones find cached)."""
+        return min((s.cached_tokens for s in self.sequences), default=0)
 
     @property
     def scheduled(self) -> float | None:

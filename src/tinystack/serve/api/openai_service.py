@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Literal
 
 from tinystack.observe.logs import json_line
+from tinystack.observe.usage import RequestUsage
 from tinystack.serve.api.context import RequestContext
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.requests import Prepared
@@ -78,9 +79,12 @@ def _choice(state: ServerState, kind: Kind, prep: Prepared, index: int, text: st
     return out
 
 
-def _usage(prep: Prepared, completion_tokens: int) -> dict[str, int]:
+def _usage(prep: Prepared, completion_tokens: int, usage: RequestUsage) -> dict[str, Any]:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served (every
+    sequence reports before its last tokens reach us, so `usage` is complete here)."""
     prompt = len(prep.prompt_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens}
+    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
 def _envelope(state: ServerState, kind: Kind, rid: str, created: int, stream: bool) -> dict[str, Any]:
@@ -122,7 +126,7 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
     out = _envelope(state, kind, new_id(kind), int(time.time()), stream=False)
     out["choices"] = [_choice(state, kind, prep, i, c.text, c.tokens, c.finish_reason, False, parsed=parsed[i])
                       for i, c in enumerate(choices)]
-    out["usage"] = _usage(prep, sum(len(c.tokens) for c in choices))
+    out["usage"] = _usage(prep, sum(len(c.tokens) for c in choices), tracker.usage)
     if degraded:
         out["degraded"] = True
     return out
@@ -200,7 +204,8 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
             offsets[item.index] += len(item.text)
         if prep.include_usage:
             yield sse({**_envelope(state, kind, rid, created, stream=True), "choices": [],
-                       "usage": _usage(prep, completion_tokens), "timing": _final_timing(state, ctx, tracker)})
+                       "usage": _usage(prep, completion_tokens, tracker.usage),
+                       "timing": _final_timing(state, ctx, tracker)})
     except ApiError as e:
         if not sent_any:
             raise

@@ -42,7 +42,8 @@ def _usage(request_id: str, prompt_len: int, output: Any) -> SequenceUsage:
     """A sequence's usage from the engine's RequestOutput (None: it never reached the engine, or failed)."""
     if output is None:
         return SequenceUsage(request_id, prompt_len, 0, None)
-    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, output.metrics)
+    return SequenceUsage(request_id, prompt_len, len(output.token_ids), output.finish_reason, output.metrics,
+                         output.num_cached_tokens)
 
 
 class AsyncEngineAdapter:
