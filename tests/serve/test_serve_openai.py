@@ -135,6 +135,39 @@ def test_chat_template_from_tokenizer_config(serve, engine, tmp_path):
     assert r.json()["model"] == tmp_path.name
 
 
+def test_template_kwargs_and_a_prefilled_final_message_reach_the_template(serve, engine, tmp_path):
+    # a Qwen3-like switch: the template reads `enable_thinking`; the prompt /tokenize shows is what the chat runs
+    template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% if enable_thinking is false %}<nothink>{% endif %}"
+                "{% endif %}")
+    (tmp_path / "chat_template.jinja").write_text(template)
+    served = serve(engine, model_dir=tmp_path)
+    tok = engine.engine.tokenizer
+    hi = [{"role": "user", "content": "hi"}]
+
+    def prompt(body: dict) -> tuple[int, str]:
+        r = httpx.post(f"{served.url}/tokenize", timeout=10, json=body)
+        return r.status_code, (tok.decode(r.json()["tokens"]) if r.status_code == 200 else r.json()["error"]["param"])
+
+    assert prompt({"messages": hi}) == (200, "<user>hi</user><assistant>")
+    assert prompt({"messages": hi, "chat_template_kwargs": {"enable_thinking": False, "unused": 1}}) == \
+        (200, "<user>hi</user><assistant><nothink>")  # a name the template does not read is ignored (as HF)
+    prefill = hi + [{"role": "assistant", "content": "The answer is"}]
+    assert prompt({"messages": prefill, "add_generation_prompt": False, "continue_final_message": True}) == \
+        (200, "<user>hi</user><assistant>The answer is")
+    r = httpx.post(f"{served.url}/v1/chat/completions", timeout=10, json={
+        "messages": prefill, "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 3,
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == \
+        len(tok.encode_ordinary("<user>hi</user><assistant>The answer is"))
+    for extra, param in [({"continue_final_message": True}, "continue_final_message"),
+                         ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+                         ({"chat_template_kwargs": ["x"]}, "chat_template_kwargs")]:
+        r = httpx.post(f"{served.url}/v1/chat/completions", timeout=10,
+                       json={"messages": prefill, "max_tokens": 2, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+
+
 def test_omitted_sampling_fields_take_the_models_generation_config(serve, engine, tmp_path):
     # the model asks for greedy (temperature 0) and a repetition penalty: requests that say nothing get both
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "repetition_penalty": 1.5,

@@ -37,7 +37,15 @@ from tinystack.model.io import load_chat_template
 
 
 class ChatTemplateError(ValueError):
-    """The conversation cannot be rendered into a prompt."""
+    """The conversation cannot be rendered into a prompt; `param` is the request field to blame (the server's
+    400 names it)."""
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})  # render's own
 
 
 def _raise(message: str) -> None:
@@ -83,19 +91,49 @@ class ChatFormatter:
         return self.template_source is not None and "tools" in self.template_source
 
     @property
+    def reasoning(self) -> bool:
+        """The template writes thinking blocks (<think>, Qwen3's and DeepSeek-R1's): answers are split into
+        reasoning and content by the server."""
+        return self.template_source is not None and "<think>" in self.template_source
+
+    @property
     def tool_format(self) -> ToolCallFormat:
         """How the model is asked to write a tool call: its template's format, the fallback's (HERMES) otherwise."""
         return tool_call_format(self.template_source) if self.supports_tools else HERMES
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False,
+               template_kwargs: dict[str, Any] | None = None) -> str:
         """messages: [{"role", "content"}] (content already text; OpenAI's `tool_calls` / `tool_call_id` may be
         there too) -> the prompt to continue (or, with add_generation_prompt=False, the conversation as written:
-        what fine-tuning trains on). `tools`: OpenAI tool dicts, or None."""
+        what fine-tuning trains on). `tools`: OpenAI tool dicts, or None. continue_final_message: the prompt ends
+        inside the last message (the text after its content cut off, as apply_chat_template does), so the model
+        continues it (an answer's prefill). template_kwargs: more variables for the template (e.g. Qwen3's
+        enable_thinking); names it does not read are ignored, the names render sets itself are refused."""
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError("continue_final_message and add_generation_prompt exclude each other (set "
+                                    "add_generation_prompt to false)", "continue_final_message")
+        if clash := RESERVED.intersection(template_kwargs or {}):
+            raise ChatTemplateError(f"chat_template_kwargs may not set {', '.join(sorted(clash))}",
+                                    "chat_template_kwargs")
+        text = self._render(messages, add_generation_prompt, tools, template_kwargs or {})
+        if not continue_final_message:
+            return text
+        final = (messages[-1].get("content") or "").strip()
+        at = text.rfind(final) if final else -1
+        if at < 0:
+            raise ChatTemplateError("continue_final_message: the chat template does not write the final message's "
+                                    "content as given, so the prompt cannot end inside it")
+        return text[:at + len(final)]
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]) -> str:
         has_tool_turns = tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(template_kwargs)
         if has_tool_turns and self.supports_tools:
-            messages, extra = hf_messages(messages), {"tools": tools} if tools else {}
+            messages = hf_messages(messages)
+            if tools:
+                extra["tools"] = tools
         elif has_tool_turns:
             messages = fallback_messages(messages, tools)
         if self._template is None:

@@ -24,7 +24,7 @@ Responses are plain dicts built in openai_service.py, in OpenAI's shapes.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
 
@@ -121,7 +121,10 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions. `max_tokens` and `max_completion_tokens` exclude each other."""
 
-    model_config = ConfigDict(json_schema_extra={"not": {"required": ["max_tokens", "max_completion_tokens"]}})
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"not": {"required": ["max_tokens", "max_completion_tokens"]}},
+        {"not": {"required": ["continue_final_message"], "properties": {
+            "continue_final_message": {"const": True}, "add_generation_prompt": {"const": True}}}}]})
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (the newer name); "
@@ -133,3 +136,11 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: ToolChoice | None = Field(None, description="none | auto (default with tools) | required | "
                                                              "{type: function, function: {name}}.")
     parallel_tool_calls: bool = Field(True, description="false: at most one call per answer.")
+    add_generation_prompt: bool = Field(True, description="vLLM's extra: end the prompt with the assistant's turn "
+                                                          "opening (false: the conversation as written).")
+    continue_final_message: bool = Field(False, description="vLLM's extra: the prompt ends inside the last "
+                                                            "message, which the model continues (a prefilled "
+                                                            "answer); needs add_generation_prompt: false.")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="vLLM's extra: more variables for the "
+                                                                          "chat template (e.g. enable_thinking); "
+                                                                          "names it does not read are ignored.")

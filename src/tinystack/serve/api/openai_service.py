@@ -10,10 +10,11 @@
              "ttft_ms", "tpot_ms", "total_ms", ...} (tracking.timing_body; clients ignore it).
              Whole answers carry the same numbers in the x-*-time headers (middleware.py).
 
-Tools (prep.tools, a chat request's tools unless tool_choice is "none"): each choice's text goes through a
-tool_parser.ToolCallParser; whole, the message has `tool_calls` and `content` null when there is no other text;
-streamed, `delta.tool_calls` entries (index, id, type and name once, then `function.arguments` pieces) and only
-the text that is no call as `delta.content`. An answer that ended with calls has finish_reason "tool_calls".
+Tools (prep.tools, a chat request's tools unless tool_choice is "none") and thinking (a template that writes
+<think>): each choice's text goes through an answer.ChatAnswer; whole, the message has `reasoning_content`,
+`tool_calls` and `content` null when there is no other text; streamed, `delta.reasoning_content`,
+`delta.tool_calls` entries (index, id, type and name once, then `function.arguments` pieces) and only the rest
+as `delta.content`. An answer that ended with calls has finish_reason "tool_calls".
 
 A degraded answer (the engine failed, cfg.fallback_text set) has the normal shape
 plus `"degraded": true`. An error after a stream has started (it can no longer
@@ -28,10 +29,10 @@ from typing import Any, AsyncIterator, Literal
 
 from tinystack.observe.logs import json_line
 from tinystack.observe.usage import RequestUsage
+from tinystack.serve.api.answer import ChatAnswer
 from tinystack.serve.api.context import RequestContext
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.requests import Prepared
-from tinystack.serve.api.tool_parser import ToolCallParser, delta, finish_reason, message
 from tinystack.serve.engine.adapter import TokenEvent
 from tinystack.serve.engine.execution import Fallback, run
 from tinystack.serve.engine.generation import Delta
@@ -66,7 +67,7 @@ def _logprobs(state: ServerState, kind: Kind, tokens: list[TokenEvent], offset: 
 
 def _choice(state: ServerState, kind: Kind, prep: Prepared, index: int, text: str, tokens: list[TokenEvent],
             finish: str | None, stream: bool, offset: int = 0, parsed: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One choice; `parsed`: the tool parser's message (whole) or delta (streamed), in place of `text`'s."""
+    """One choice; `parsed`: the ChatAnswer's message (whole) or delta (streamed), in place of `text`'s."""
     logprobs = _logprobs(state, kind, tokens, offset) if prep.params.logprobs is not None and tokens else None
     out: dict[str, Any] = {"index": index}
     if kind == "text":
@@ -116,12 +117,11 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
     finally:
         tracker.done()
     parsed: list[dict[str, Any] | None] = [None] * prep.n
-    if kind == "chat" and prep.tools is not None and not degraded:
+    if kind == "chat" and prep.parses_answer and not degraded:
         for i, c in enumerate(choices):
-            parser = ToolCallParser(prep.tools.format, prep.tools.max_calls)
-            parser.feed(c.text)
-            parser.finish()
-            parsed[i], c.finish_reason = message(parser), finish_reason(parser, c.finish_reason)
+            answer = ChatAnswer(prep.reasoning_opened, prep.tools)
+            answer.feed(c.text, final=True)
+            parsed[i], c.finish_reason = answer.message(), answer.finish_reason(c.finish_reason)
     ctx.finish_reasons = [c.finish_reason or "stop" for c in choices]
     out = _envelope(state, kind, new_id(kind), int(time.time()), stream=False)
     out["choices"] = [_choice(state, kind, prep, i, c.text, c.tokens, c.finish_reason, False, parsed=parsed[i])
@@ -155,8 +155,8 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
     finished = 0
     tracker = RequestTracker(ctx)
     tracker.enqueued()
-    tools = prep.tools if kind == "chat" else None
-    parsers = [ToolCallParser(tools.format, tools.max_calls) for _ in range(prep.n)] if tools else []
+    answers = [ChatAnswer(prep.reasoning_opened, prep.tools) for _ in range(prep.n)] \
+        if kind == "chat" and prep.parses_answer else []
 
     def chunk(choices: list[dict[str, Any]], degraded: bool = False, timing: dict | None = None) -> bytes:
         body = {**_envelope(state, kind, rid, created, stream=True), "choices": choices}
@@ -190,10 +190,10 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
             sent_any = True
             completion_tokens += len(item.tokens)
             finish, parsed = item.finish_reason, None
-            if parsers:  # only text that is no call goes out as content; calls as tool_calls deltas
-                parser = parsers[item.index]
-                events = parser.feed(item.text) + (parser.finish() if finish is not None else [])
-                finish, parsed = finish_reason(parser, finish), delta(events)
+            if answers:  # thinking as reasoning_content, calls as tool_calls deltas, only the rest as content
+                answer = answers[item.index]
+                parsed = answer.feed(item.text, final=finish is not None)
+                finish = answer.finish_reason(finish)
             if finish is not None:
                 finished += 1
                 ctx.finish_reasons.append(finish)

@@ -34,6 +34,7 @@ from tinystack.infer.llm_engine import PromptError, PromptTooLongError
 from tinystack.sampling_params import KNOBS, LOGIT_BIAS_MAX, SamplingParams
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from tinystack.serve.api.reasoning import prompt_opens_thinking
 from tinystack.serve.api.structured import check_constraint, constraint_of
 from tinystack.serve.api.tools import ToolPlan, plan_tools
 from tinystack.serve.state import ServerState
@@ -53,6 +54,12 @@ class Prepared:
     stream: bool = False
     include_usage: bool = False
     tools: ToolPlan | None = None  # a chat request's tools: its answer's calls are parsed unless tool_choice none
+    reasoning_opened: bool | None = None  # a thinking template's chat: did the prompt open the block (reasoning.py)
+
+    @property
+    def parses_answer(self) -> bool:
+        """A chat answer that is more than content: tool calls or thinking are split off it (answer.py)."""
+        return self.tools is not None or self.reasoning_opened is not None
 
 
 def _param(name: str, message: str, status: int = 400, code: str = "invalid_value") -> ApiError:
@@ -195,15 +202,19 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
     if plan is not None and plan.constraint is not None:  # plan_tools refused a response_format beside it
         so, param = plan.constraint, "tools"
     try:  # tool_choice "none": the model is not told about the tools (nothing would parse its calls)
-        prompt = state.chat.render(chat_messages(body.messages), tools=plan.tools if plan and plan.parse else None)
+        prompt = state.chat.render(chat_messages(body.messages), tools=plan.tools if plan and plan.parse else None,
+                                   add_generation_prompt=body.add_generation_prompt,
+                                   continue_final_message=body.continue_final_message,
+                                   template_kwargs=body.chat_template_kwargs)
     except ChatTemplateError as e:
-        raise _param("messages", str(e)) from None
+        raise _param(e.param, str(e)) from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     prep = prepare(state, prompt, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=logprobs,
                    prompt_ids=encode_chat(state.adapter.tokenizer, prompt), structured_outputs=so,
                    **_common(state, body))
     check_constraint(state, prep.params, param or "structured_outputs")
     prep.tools = plan if plan is not None and plan.parse else None
+    prep.reasoning_opened = prompt_opens_thinking(prompt) if state.chat.reasoning else None
     return _streaming(prep, body)
 
 

@@ -11,6 +11,8 @@ prompt's length limit (max_prompt_chars, 413) applies, as it does to a completio
 """
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from tinystack.infer.chat import ChatTemplateError, encode_chat
@@ -33,6 +35,8 @@ class TokenizeRequest(BaseModel):
                                                           "as a chat completion does.")
     tools: list[Tool] | None = Field(None, max_length=128, description="Messages only: the tools the chat template "
                                                                       "is given, as a chat completion's `tools`.")
+    continue_final_message: bool = Field(False, description="Messages only: as a chat completion's.")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="Messages only: as a chat completion's.")
 
 
 class TokenizeResponse(BaseModel):
@@ -63,9 +67,11 @@ def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
         check_prompt_chars(state, sum(len(m["content"]) for m in messages))
         try:
             tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools] if body.tools else None
-            prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt, tools=tools)
+            prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt, tools=tools,
+                                       continue_final_message=body.continue_final_message,
+                                       template_kwargs=body.chat_template_kwargs)
         except ChatTemplateError as e:
-            raise ApiError(400, str(e), "invalid_value", param="messages") from None
+            raise ApiError(400, str(e), "invalid_value", param=e.param) from None
         ids = encode_chat(tokenizer, prompt)
     return TokenizeResponse(count=len(ids), max_model_len=state.adapter.max_seq_len, tokens=ids)
 

@@ -36,7 +36,7 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _held_prefix(text: str, marker: str) -> int:
+def held_prefix(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker` (it may become the marker)."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):
@@ -153,7 +153,7 @@ class ToolCallParser:
                 self._content(out, buf[:at].rstrip())
                 self._buf, self._state = buf[at + len(fmt.open):], "header"
                 return True
-            keep = len(buf[:len(buf) - _held_prefix(buf, fmt.trigger)].rstrip())  # whitespace waits for text
+            keep = len(buf[:len(buf) - held_prefix(buf, fmt.trigger)].rstrip())  # whitespace waits for text
             self._content(out, buf[:keep])
             self._buf = buf[keep:]
             return False
