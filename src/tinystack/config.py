@@ -195,6 +195,7 @@ class ServeConfig(Section):
     default_max_tokens: int = 64  # when a request gives none (capped by what fits the context)
     model_sampling_defaults: bool = True  # omitted sampling fields take the model's generation_config.json values
     max_n: int = 8  # choices per request
+    embedding_pooling: Literal["last", "mean"] = "last"  # /v1/embeddings: the last token's state, or the mean
     max_body_bytes: int = 1_000_000  # larger request bodies -> 413
     fallback_text: str = ""  # answer marked "degraded" when the engine fails; "" = 503 instead
     breaker_failures: int = 5  # consecutive engine failures that open the circuit (0 = never)

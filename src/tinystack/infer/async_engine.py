@@ -4,6 +4,8 @@
     add_request(id, prompt, params) --inbox-->  enqueue; step(); step(); ...
       -> RequestStream (async iterator)  <--call_soon_threadsafe-- TokenDelta per step
     abort(id)                        --inbox-->  LLMEngine.abort: blocks freed, final delta "abort"
+    await call(fn)                   --inbox-->  fn(LLMEngine) between two steps (embeddings: the model is
+      -> fn's result or its exception  <--call_soon_threadsafe--  the engine thread's to run)
 
 One thread owns the LLMEngine (it is not thread-safe); callers only touch the inbox.
 `add_request` tokenises and checks admission in the caller's thread, so a request that
@@ -19,13 +21,15 @@ import asyncio
 import threading
 import time
 from collections import deque
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, TypeVar
 
 from tinystack.config import InferConfig
 from tinystack.infer.llm_engine import LLMEngine
 from tinystack.infer.loading import load_for_inference
 from tinystack.infer.outputs import RequestOutput, TokenDelta
 from tinystack.sampling_params import SamplingParams
+
+T = TypeVar("T")
 
 
 class RequestStream:
@@ -55,6 +59,10 @@ class RequestStream:
         if not self.finished:
             self.engine.abort(self.request_id)
             self.finished = True
+
+
+def _stopped(engine: LLMEngine) -> None:
+    raise RuntimeError("the engine loop stopped")
 
 
 class AsyncEngine:
@@ -92,6 +100,17 @@ class AsyncEngine:
         with self._cond:
             self._inbox.append(("abort", request_id))
             self._cond.notify()
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) run on the engine thread between two steps (the LLMEngine is not thread-safe), awaited."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._cond:
+            if self._stop or not self._thread.is_alive():
+                raise RuntimeError("the engine loop is not running")
+            self._inbox.append(("call", (fn, future, loop)))
+            self._cond.notify()
+        return await future
 
     async def generate(self, request_id: str, prompt: str, params: SamplingParams) -> RequestOutput:
         stream = self.add_request(request_id, prompt, params)
@@ -142,6 +161,20 @@ class AsyncEngine:
         except RuntimeError:  # the caller's loop is closed: nobody is listening
             pass
 
+    def _run_call(self, fn: Callable[[LLMEngine], object], future: asyncio.Future, loop) -> None:
+        try:
+            result, error = fn(self.engine), None
+        except Exception as e:  # the caller's to handle; the engine thread goes on
+            result, error = None, e
+
+        def settle() -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's loop is closed
+            pass
+
     def _loop(self) -> None:
         while True:
             with self._cond:
@@ -149,12 +182,17 @@ class AsyncEngine:
                     self.last_step_time = time.perf_counter()  # idle is alive, not stalled
                     self._cond.wait(1.0)
                 if self._stop:
+                    for op, arg in self._inbox:  # an awaited call must not wait forever
+                        if op == "call":
+                            self._run_call(_stopped, *arg[1:])
                     break
                 ops = list(self._inbox)
                 self._inbox.clear()
             for op, arg in ops:
                 if op == "add":
                     self.engine.enqueue(arg)
+                elif op == "call":
+                    self._run_call(*arg)
                 elif (out := self.engine.abort(arg)) is not None:
                     self._emit(TokenDelta(arg, finish_reason="abort", output=out), arg)
             self.last_step_time = time.perf_counter()

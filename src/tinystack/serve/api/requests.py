@@ -57,6 +57,11 @@ class Prepared:
     reasoning_opened: bool | None = None  # a thinking template's chat: did the prompt open the block (reasoning.py)
 
     @property
+    def tokens_asked(self) -> int:
+        """What the rate limiter counts: the prompt, and max_tokens for each choice."""
+        return len(self.prompt_ids) + self.params.max_tokens * self.n
+
+    @property
     def parses_answer(self) -> bool:
         """A chat answer that is more than content: tool calls or thinking are split off it (answer.py)."""
         return self.tools is not None or self.reasoning_opened is not None

@@ -4,6 +4,7 @@
     POST /v1/completions         OpenAI completions, whole or streamed (SSE)
     POST /v1/chat/completions    OpenAI chat completions, whole or streamed (SSE)
     GET  /v1/models              the one model served
+    POST /v1/embeddings          OpenAI embeddings: the model's hidden states pooled (embeddings.py)
     POST /tokenize  /detokenize  the ids a prompt or chat runs as, and back (vLLM's; tokenize.py)
     GET  /health  /ready            open unless cfg.open_health is false
     GET  /metrics                   Prometheus text format (tinystack.observe.metrics); open likewise
@@ -22,14 +23,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tinystack.observe.metrics import CONTENT_TYPE
-from tinystack.serve.api import openai_service, service, tokenize
+from tinystack.serve.api import embeddings, openai_service, service, tokenize
 from tinystack.serve.api.deps import Caller, Context, State, Validated
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.api.requests import Prepared, prepare_chat, prepare_completion, prepare_off_loop
 from tinystack.serve.api.schemas import ErrorResponse, GenerateResponse, HealthResponse
 from tinystack.serve.engine.disconnect import ClientDisconnected, unless_disconnected
-from tinystack.serve.engine.execution import check_rate
+from tinystack.serve.engine.execution import check_rate, embed
 
 router = APIRouter()
 
@@ -56,7 +57,7 @@ def _closed_response(status: int = 499) -> JSONResponse:
 @router.post("/generate", response_model=GenerateResponse, responses=_ERRORS)
 async def generate(request: Request, req: Validated, state: State, ctx: Context, who: Caller) -> Any:
     """Continue `prompt` with up to `max_tokens` new tokens; the answer carries timing in ms."""
-    check_rate(state, who, req)
+    check_rate(state, who, req.tokens_asked)
     try:
         return await unless_disconnected(request, service.generate(state, req, ctx))
     except ClientDisconnected:
@@ -68,7 +69,7 @@ async def _openai(request: Request, state: State, ctx: Context, who: str, kind: 
                   prep: Prepared) -> Any:
     ctx.fields.update(prompt_tokens=len(prep.prompt_ids), n=prep.n, stream=prep.stream)
     ctx.timing.mark_clamped("validated")
-    check_rate(state, who, prep)
+    check_rate(state, who, prep.tokens_asked)
     if not prep.stream:
         try:
             body = await unless_disconnected(request, openai_service.complete(state, kind, prep, ctx))
@@ -125,6 +126,15 @@ async def chat_completions(request: Request, body: ChatCompletionRequest, state:
     chars = sum(len(m.content) if isinstance(m.content, str) else 1000 for m in body.messages)
     prep = await prepare_off_loop(prepare_chat, state, body, chars)
     return await _openai(request, state, ctx, who, "chat", prep)
+
+
+@router.post("/v1/embeddings", responses=_ERRORS)
+async def create_embeddings(body: embeddings.EmbeddingRequest, state: State, who: Caller) -> dict[str, Any]:
+    """OpenAI embeddings: one vector per input, the model's hidden states pooled ([serve] embedding_pooling)."""
+    chars = sum(len(x) if isinstance(x, str) else 4 for x in embeddings.inputs_of(body))
+    ids = await prepare_off_loop(embeddings.encode_inputs, state, body, chars)
+    check_rate(state, who, sum(len(x) for x in ids))
+    return embeddings.response(state, body, ids, await embed(state, ids))
 
 
 @router.post("/tokenize", response_model=tokenize.TokenizeResponse, responses=_ERRORS)

@@ -22,6 +22,7 @@ from collections import Counter
 from typing import Any, AsyncIterator, Callable
 
 from tinystack.infer import AsyncEngine
+from tinystack.infer.embeddings import embed
 from tinystack.infer.llm_engine import PromptError
 from tinystack.infer.memory import AdmissionError
 from tinystack.observe.usage import SequenceUsage
@@ -76,6 +77,16 @@ class AsyncEngineAdapter:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+    async def embed(self, ids: list[int], pooling: str) -> list[float]:
+        """One input's embedding (infer/embeddings.py), computed on the engine thread between two steps."""
+        if not self.is_alive():
+            raise EngineDead("engine loop is not running")
+        try:
+            vectors = await self.engine.call(lambda llm: embed(llm.model, [ids], pooling))
+        except RuntimeError as e:
+            raise EngineDead(str(e)) from None
+        return vectors[0].tolist()
 
     # ---------------------------------------------------------------- lifecycle
     def is_alive(self) -> bool:

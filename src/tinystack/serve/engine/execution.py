@@ -30,7 +30,7 @@ from typing import AsyncIterator
 from tinystack.observe.usage import RequestUsage
 from tinystack.serve.api.errors import SERVER_ERROR, TIMEOUT, ApiError
 from tinystack.serve.api.requests import Prepared
-from tinystack.serve.engine.adapter import EngineBusy, ReplicaLost
+from tinystack.serve.engine.adapter import EngineBusy, EngineDead, ReplicaLost
 from tinystack.serve.engine.generation import (
     DeadlineExceeded,
     Delta,
@@ -63,8 +63,9 @@ def shutting_down(why: str, failure: str) -> ApiError:
                     SERVER_ERROR, headers={"Retry-After": "1", "Connection": "close"}, failure=failure)
 
 
-def check_rate(state: ServerState, key: str, prep: Prepared) -> None:
-    tokens = len(prep.prompt_ids) + prep.params.max_tokens * prep.n
+def check_rate(state: ServerState, key: str, tokens: int) -> None:
+    """A request of `tokens` (a generation: prompt + max_tokens x n; embeddings: the inputs') by `key` within its
+    per-minute limits, else a 429 saying which and when to retry."""
     ok, retry, which = state.limiter.check(key, tokens)
     if ok:
         return
@@ -141,3 +142,23 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
         state.gate.leave(prep.n)
         if probe and not settled:
             state.breaker.release_probe()
+
+
+async def embed(state: ServerState, inputs: list[list[int]]) -> list[list[float]]:
+    """Embeddings of token-id inputs ([serve] embedding_pooling), each computed on the engine between two of its
+    steps (so running generations wait for one input at a time, never a whole batch). Raises ApiError: 503 while
+    shutting down or when the engine is dead, 504 past [serve] timeout_s."""
+    if state.refusing:
+        state.count("rejected_shutdown")
+        raise shutting_down("it takes no new requests", "overloaded")
+    out = []
+    try:
+        async with asyncio.timeout(state.cfg.timeout_s):
+            for ids in inputs:
+                out.append(await state.adapter.embed(ids, state.cfg.embedding_pooling))
+    except TimeoutError:
+        state.count("timeouts")
+        raise ApiError(504, f"embeddings took longer than {state.cfg.timeout_s:g} s", "timeout", TIMEOUT) from None
+    except EngineDead as e:
+        raise _unavailable(state, str(e)) from None
+    return out

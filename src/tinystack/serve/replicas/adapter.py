@@ -147,6 +147,15 @@ class ReplicaAdapter:
     def close(self) -> None:
         """The gateway stops; the replicas keep running until the deployment is deleted (deploy.py)."""
 
+    async def embed(self, ids: list[int], pooling: str) -> list[float]:
+        """One input's embedding on a replica Serve picks; a lost replica is EngineDead (a 503)."""
+        try:
+            return await self.handle.embed.remote(list(ids), pooling)
+        except Exception as e:
+            if isinstance(e, EngineDead) or _lost_replica(e):
+                raise EngineDead(f"no replica could compute the embedding: {e}") from None
+            raise
+
     def abort(self, request_id: str) -> None:
         """Closing the stream (the generation's finally does) cancels the call on the replica."""
 

@@ -79,6 +79,9 @@ class EngineReplica:
         if batch:
             yield batch
 
+    async def embed(self, ids: list[int], pooling: str) -> list[float]:
+        return await self.adapter.embed(ids, pooling)
+
     def record_routing_stats(self) -> dict[str, Any]:
         s = self.adapter.stats()
         by_hash = getattr(getattr(self.adapter.llm, "block_manager", None), "by_hash", None) or {}
