@@ -6,6 +6,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessage
 from serve_helpers import PROMPT
 
+from tinystack.serve.api.openai_schemas import MAX_PROMPTS
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 USER = [{"role": "user", "content": PROMPT}]
@@ -50,15 +52,17 @@ def test_the_schema_declares_streams_and_the_rules_between_fields(client):
         assert content["text/event-stream"]["schema"]["properties"]["data"]["type"] == "string"
     parts = schema["components"]["schemas"]
     chat = parts["ChatCompletionRequest"]
-    assert chat["not"] == {"required": ["max_tokens", "max_completion_tokens"]}
+    assert {"not": {"required": ["max_tokens", "max_completion_tokens"]}} in chat["allOf"]
+    assert any(r["not"].get("properties", {}).get("continue_final_message") == {"const": True} for r in chat["allOf"])
     assert "not both" in chat["properties"]["max_completion_tokens"]["description"]
     assert parts["ChatMessage"]["additionalProperties"] is False
     stop = parts["CompletionRequest"]["properties"]["stop"]["anyOf"]
     assert {"type": "string", "minLength": 1} in stop and any(s.get("maxItems") == 4 for s in stop)
-    prompt = parts["CompletionRequest"]["properties"]["prompt"]["oneOf"]  # one form each: text, [text], ids
+    prompt = parts["CompletionRequest"]["properties"]["prompt"]["oneOf"]  # text, ids, or a batch of either
     prompt_list = next(s for s in prompt if s["type"] == "array" and s["items"]["type"] == "string")
-    assert prompt_list["minItems"] == prompt_list["maxItems"] == 1
-    assert {"items": {"type": "integer"}, "minItems": 1, "type": "array"} in prompt
+    assert prompt_list["minItems"] == 1 and prompt_list["maxItems"] == MAX_PROMPTS
+    ids = {"items": {"type": "integer", "minimum": 0}, "minItems": 1, "type": "array"}
+    assert ids in prompt and {"items": ids, "minItems": 1, "maxItems": MAX_PROMPTS, "type": "array"} in prompt
 
 
 def test_what_the_schema_refuses_the_server_refuses(client):
@@ -71,8 +75,8 @@ def test_what_the_schema_refuses_the_server_refuses(client):
         (COMPLETIONS, {"prompt": PROMPT, "stop": ""}, "stop"),
         (COMPLETIONS, {"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         (COMPLETIONS, {"prompt": [], "max_tokens": 2}, "prompt"),
-        (COMPLETIONS, {"prompt": ["a", "b"], "max_tokens": 2}, "prompt"),
-        (COMPLETIONS, {"prompt": [1, "b"], "max_tokens": 2}, "prompt"),  # neither one text nor token ids
+        (COMPLETIONS, {"prompt": ["a"] * (MAX_PROMPTS + 1), "max_tokens": 2}, "prompt"),
+        (COMPLETIONS, {"prompt": [1, "b"], "max_tokens": 2}, "prompt.0"),  # neither texts nor token ids
     ]
     for route, body, param in cases:
         r = client.post(route, json=body)

@@ -229,3 +229,24 @@ def target_nats(model: torch.nn.Module, context: Sequence[int], target: Sequence
     logits, _ = model(x)
     nll = token_nll(logits[0], y)
     return nll[-len(target):].double().cpu().numpy()
+
+
+@torch.no_grad()
+def prompt_logprobs(model: torch.nn.Module, ids: Sequence[int], top_n: int
+                    ) -> list[tuple[float | None, list[tuple[int, float]]]]:
+    """Each token of `ids` scored after the ones before it (token_nll, as every score here): (its logprob, the
+    top_n most likely tokens there with theirs); the first token has no context: (None, []). What a completions
+    server echoes for lm-evaluation-harness' loglikelihood requests (serve/api/echo.py)."""
+    if len(ids) > context_len(model):
+        raise ValueError(f"{len(ids)} tokens; the model's context is {context_len(model)}")
+    device = next(model.parameters()).device
+    x = torch.tensor([list(ids)], device=device)
+    logits, _ = model(x)
+    logits = logits[0, :-1]
+    nll = token_nll(logits, x[0, 1:])
+    out: list[tuple[float | None, list[tuple[int, float]]]] = [(None, [])]
+    top = logits.float().log_softmax(-1).topk(top_n, dim=-1) if top_n else None
+    for t in range(len(ids) - 1):
+        alts = list(zip(top.indices[t].tolist(), top.values[t].tolist())) if top is not None else []
+        out.append((-float(nll[t]), alts))
+    return out

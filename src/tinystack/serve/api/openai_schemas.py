@@ -72,23 +72,42 @@ _Sampling = create_model("_Sampling", __base__=_Fields, __doc__="Fields shared b
                                                      "max_tokens": knob_field(KNOBS["max_tokens"], None, _MAX_TOKENS)})
 
 
+MAX_PROMPTS = 256  # prompts in one completion request (each runs n choices)
+
+
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                           for v in value)
+
+
 def _prompt_kind(value: object) -> str:
-    """Which form of `prompt` a body has, so a refusal speaks of that form only (["a", "b"] is one string too
-    many, not two bad token ids). The tags are the union-branch names errors.py leaves out of `param`."""
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    """Which form of `prompt` a body has, so a refusal speaks of that form only (a bad id in a batch is not a
+    string too many). The tags are the union-branch names errors.py leaves out of `param`."""
+    if _is_ids(value):
         return "list[int]"
+    if isinstance(value, list) and value and isinstance(value[0], list):
+        return "list[list[int]]"
     return "list[str]" if isinstance(value, list) else "str"
+
+
+Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
     prompt: Annotated[Union[Annotated[str, Tag("str")],
-                            Annotated[list[str], Field(min_length=1, max_length=1), Tag("list[str]")],
-                            Annotated[list[int], Field(min_length=1), Tag("list[int]")]],
+                            Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS), Tag("list[str]")],
+                            Annotated[Ids, Tag("list[int]")],
+                            Annotated[list[Ids], Field(min_length=1, max_length=MAX_PROMPTS),
+                                      Tag("list[list[int]]")]],
                       Discriminator(_prompt_kind)] = Field(
-        description="A string, a list holding one string, or token ids (as /tokenize gives them).")
+        description="A string, token ids (as /tokenize gives them), or a batch of either: each prompt gets n "
+                    "choices, choice i*n+j answering prompt i (OpenAI's order).")
     logprobs: int | None = knob_field(KNOBS["logprobs"])[1]
+    echo: bool = Field(False, description="The answer starts with its prompt; with logprobs, the prompt's tokens "
+                                          "scored too (the first has none): what lm-evaluation-harness' "
+                                          "loglikelihood requests read.")
 
 
 class TextPart(BaseModel):

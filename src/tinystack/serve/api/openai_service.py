@@ -34,7 +34,7 @@ from tinystack.serve.api.context import RequestContext
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.requests import Prepared
 from tinystack.serve.engine.adapter import TokenEvent
-from tinystack.serve.engine.execution import Fallback, run
+from tinystack.serve.engine.execution import Fallback, prompt_events, run
 from tinystack.serve.engine.generation import Delta
 from tinystack.serve.engine.tracking import RequestTracker, timing_body
 from tinystack.serve.state import ServerState
@@ -62,7 +62,8 @@ def _logprobs(state: ServerState, kind: Kind, tokens: list[TokenEvent], offset: 
         offsets.append(pos)
         pos += len(text(ev.token_id))
     return {"tokens": [text(ev.token_id) for ev in tokens], "token_logprobs": [ev.logprob for ev in tokens],
-            "top_logprobs": [{text(t): lp for t, lp in ev.top_logprobs} for ev in tokens], "text_offset": offsets}
+            "top_logprobs": [{text(t): lp for t, lp in ev.top_logprobs} if ev.logprob is not None else None
+                             for ev in tokens], "text_offset": offsets}
 
 
 def _choice(state: ServerState, kind: Kind, prep: Prepared, index: int, text: str, tokens: list[TokenEvent],
@@ -83,9 +84,14 @@ def _choice(state: ServerState, kind: Kind, prep: Prepared, index: int, text: st
 def _usage(prep: Prepared, completion_tokens: int, usage: RequestUsage) -> dict[str, Any]:
     """OpenAI's usage; prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served (every
     sequence reports before its last tokens reach us, so `usage` is complete here)."""
-    prompt = len(prep.prompt_ids)
+    prompt = prep.prompt_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+async def _echo(state: ServerState, prep: Prepared, ids: list[int]) -> tuple[str, list[TokenEvent]]:
+    """A prompt as an echoed answer starts: its text, and its tokens (scored when logprobs are asked for)."""
+    return state.adapter.decode(ids), await prompt_events(state, ids, prep.params.logprobs)
 
 
 def _envelope(state: ServerState, kind: Kind, rid: str, created: int, stream: bool) -> dict[str, Any]:
@@ -99,7 +105,7 @@ def new_id(kind: Kind) -> str:
 
 async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestContext) -> dict[str, Any]:
     """The whole answer (non-streaming)."""
-    choices = [_Choice() for _ in range(prep.n)]
+    choices = [_Choice() for _ in range(prep.choices)]
     degraded = False
     tracker = RequestTracker(ctx)
     tracker.enqueued()
@@ -107,7 +113,7 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
         async for item in run(state, prep, tracker.usage):
             tracker.see(item)
             if isinstance(item, Fallback):
-                choices = [_Choice(item.text, [], "stop") for _ in range(prep.n)]
+                choices = [_Choice(item.text, [], "stop") for _ in range(prep.choices)]
                 degraded = True
                 break
             c = choices[item.index]
@@ -116,7 +122,7 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
             c.finish_reason = item.finish_reason or c.finish_reason
     finally:
         tracker.done()
-    parsed: list[dict[str, Any] | None] = [None] * prep.n
+    parsed: list[dict[str, Any] | None] = [None] * prep.choices
     if kind == "chat" and prep.parses_answer and not degraded:
         for i, c in enumerate(choices):
             answer = ChatAnswer(prep.reasoning_opened, prep.tools)
@@ -124,9 +130,14 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
             parsed[i], c.finish_reason = answer.message(), answer.finish_reason(c.finish_reason)
     ctx.finish_reasons = [c.finish_reason or "stop" for c in choices]
     out = _envelope(state, kind, new_id(kind), int(time.time()), stream=False)
+    out["usage"] = _usage(prep, sum(len(c.tokens) for c in choices), tracker.usage)
+    if prep.echo and not degraded:  # each answer starts with its prompt (and its scored tokens)
+        echoed = [await _echo(state, prep, ids) for ids in prep.prompts]
+        for i, c in enumerate(choices):
+            text, events = echoed[i // prep.n]
+            c.text, c.tokens = text + c.text, events + c.tokens
     out["choices"] = [_choice(state, kind, prep, i, c.text, c.tokens, c.finish_reason, False, parsed=parsed[i])
                       for i, c in enumerate(choices)]
-    out["usage"] = _usage(prep, sum(len(c.tokens) for c in choices), tracker.usage)
     if degraded:
         out["degraded"] = True
     return out
@@ -150,12 +161,12 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
     so failures before the first token still get their real status code."""
     rid, created = new_id(kind), int(time.time())
     completion_tokens = 0
-    offsets = [0] * prep.n
+    offsets = [0] * prep.choices
     sent_any = False
     finished = 0
     tracker = RequestTracker(ctx)
     tracker.enqueued()
-    answers = [ChatAnswer(prep.reasoning_opened, prep.tools) for _ in range(prep.n)] \
+    answers = [ChatAnswer(prep.reasoning_opened, prep.tools) for _ in range(prep.choices)] \
         if kind == "chat" and prep.parses_answer else []
 
     def chunk(choices: list[dict[str, Any]], degraded: bool = False, timing: dict | None = None) -> bytes:
@@ -168,6 +179,8 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
             body["timing"] = timing
         return sse(body)
 
+    echoed = [await _echo(state, prep, ids) for ids in prep.prompts] if prep.echo else []
+    echo_sent = [False] * prep.choices
     items = run(state, prep, tracker.usage)
     try:
         async for item in items:
@@ -176,20 +189,24 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
                 if sent_any:
                     raise ApiError(503, "the model failed while streaming; the answer is incomplete",
                                    "engine_unavailable", "server_error")
-                ctx.finish_reasons = ["stop"] * prep.n
-                for i in range(prep.n):
+                ctx.finish_reasons = ["stop"] * prep.choices
+                for i in range(prep.choices):
                     first = {"delta": {"role": "assistant"}} if kind == "chat" else {}
-                    last = i == prep.n - 1 and not prep.include_usage
+                    last = i == prep.choices - 1 and not prep.include_usage
                     yield chunk([{**_choice(state, kind, prep, i, item.text, [], "stop", True), **first}], True,
                                 _final_timing(state, ctx, tracker) if last else None)
                 break
             assert isinstance(item, Delta)
             if kind == "chat" and not sent_any:
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                              "finish_reason": None} for i in range(prep.n)])
+                              "finish_reason": None} for i in range(prep.choices)])
             sent_any = True
             completion_tokens += len(item.tokens)
-            finish, parsed = item.finish_reason, None
+            finish, parsed, text, tokens = item.finish_reason, None, item.text, item.tokens
+            if echoed and not echo_sent[item.index]:  # a choice's first chunk starts with its prompt
+                echo_sent[item.index] = True
+                prompt_text, prompt_tokens = echoed[item.index // prep.n]
+                text, tokens = prompt_text + text, prompt_tokens + tokens
             if answers:  # thinking as reasoning_content, calls as tool_calls deltas, only the rest as content
                 answer = answers[item.index]
                 parsed = answer.feed(item.text, final=finish is not None)
@@ -197,11 +214,10 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
             if finish is not None:
                 finished += 1
                 ctx.finish_reasons.append(finish)
-            last = finished == prep.n and not prep.include_usage
-            yield chunk([_choice(state, kind, prep, item.index, item.text, item.tokens, finish, True,
-                                 offsets[item.index], parsed)],
-                        timing=_final_timing(state, ctx, tracker) if last else None)
-            offsets[item.index] += len(item.text)
+            last = finished == prep.choices and not prep.include_usage
+            yield chunk([_choice(state, kind, prep, item.index, text, tokens, finish, True, offsets[item.index],
+                                 parsed)], timing=_final_timing(state, ctx, tracker) if last else None)
+            offsets[item.index] += len(text)
         if prep.include_usage:
             yield sse({**_envelope(state, kind, rid, created, stream=True), "choices": [],
                        "usage": _usage(prep, completion_tokens, tracker.usage),

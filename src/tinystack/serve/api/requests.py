@@ -26,7 +26,7 @@ a top_p below 1e-6 is 1e-6 (float32 would round it to 0 and drop every token).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
@@ -55,11 +55,26 @@ class Prepared:
     include_usage: bool = False
     tools: ToolPlan | None = None  # a chat request's tools: its answer's calls are parsed unless tool_choice none
     reasoning_opened: bool | None = None  # a thinking template's chat: did the prompt open the block (reasoning.py)
+    batch: list[list[int]] = field(default_factory=list)  # a completion of several prompts: each one's ids
+    echo: bool = False  # completions: the answer starts with its prompt (and the prompt's logprobs)
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        """Every prompt's ids: choice c answers prompts[c // n] (OpenAI's order)."""
+        return self.batch or [self.prompt_ids]
+
+    @property
+    def choices(self) -> int:
+        return len(self.prompts) * self.n
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
 
     @property
     def tokens_asked(self) -> int:
-        """What the rate limiter counts: the prompt, and max_tokens for each choice."""
-        return len(self.prompt_ids) + self.params.max_tokens * self.n
+        """What the rate limiter counts: the prompts, and max_tokens for each choice."""
+        return self.prompt_tokens + self.params.max_tokens * self.choices
 
     @property
     def parses_answer(self) -> bool:
@@ -179,19 +194,36 @@ def _streaming(prep: Prepared, body: CompletionRequest | ChatCompletionRequest) 
     return prep
 
 
+def _completion_prompts(body: CompletionRequest) -> list[str | list[int]]:
+    p = body.prompt
+    if isinstance(p, str) or (p and isinstance(p[0], int)):
+        return [p]
+    return list(p)
+
+
 def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
-    ids = None
-    if isinstance(body.prompt, str):
-        prompt = body.prompt
-    elif isinstance(body.prompt[0], str):
-        prompt = body.prompt[0]  # a list of one: the schema's rule
-    else:  # token ids: run as given (the text is for the log and the character limit)
-        ids = list(body.prompt)
-        check_token_ids(state, ids, "prompt")
-        prompt = state.adapter.tokenizer.decode(ids)
+    """One Prepared for every prompt of the body (a batch runs as one request: prompt i's choices are i*n..)."""
+    preps = []
     so, param = constraint_of(body)
-    prep = prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, prompt_ids=ids,
-                   structured_outputs=so, **_common(state, body))
+    for prompt in _completion_prompts(body):
+        ids = None
+        if isinstance(prompt, list):  # token ids: run as given (the text is for the log and the character limit)
+            ids = list(prompt)
+            check_token_ids(state, ids, "prompt")
+            prompt = state.adapter.tokenizer.decode(ids)
+        preps.append(prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, prompt_ids=ids,
+                             structured_outputs=so, **_common(state, body)))
+    prep = preps[0]
+    if len(preps) > 1:
+        if any(p.params.max_tokens != prep.params.max_tokens for p in preps):  # defaulted to what fits each
+            prep.params = replace(prep.params, max_tokens=min(p.params.max_tokens for p in preps))
+        prep.batch = [p.prompt_ids for p in preps]
+        prep.prompt = "".join(p.prompt for p in preps)  # the log's and the character limit's
+        check_prompt_chars(state, len(prep.prompt))
+        if prep.choices > state.gate.capacity:  # it could never be admitted: not a 429 to retry
+            raise _param("prompt", f"{len(preps)} prompts x n = {prep.choices} sequences; this server runs or "
+                                   f"queues at most {state.gate.capacity}")
+    prep.echo = body.echo
     check_constraint(state, prep.params, param or "structured_outputs")
     return _streaming(prep, body)
 

@@ -67,7 +67,7 @@ async def generate(request: Request, req: Validated, state: State, ctx: Context,
 
 async def _openai(request: Request, state: State, ctx: Context, who: str, kind: openai_service.Kind,
                   prep: Prepared) -> Any:
-    ctx.fields.update(prompt_tokens=len(prep.prompt_ids), n=prep.n, stream=prep.stream)
+    ctx.fields.update(prompt_tokens=prep.prompt_tokens, n=prep.n, stream=prep.stream)
     ctx.timing.mark_clamped("validated")
     check_rate(state, who, prep.tokens_asked)
     if not prep.stream:

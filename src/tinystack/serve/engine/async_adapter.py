@@ -21,6 +21,7 @@ import asyncio
 from collections import Counter
 from typing import Any, AsyncIterator, Callable
 
+from tinystack.eval.scoring import prompt_logprobs
 from tinystack.infer import AsyncEngine
 from tinystack.infer.embeddings import embed
 from tinystack.infer.llm_engine import PromptError
@@ -78,15 +79,22 @@ class AsyncEngineAdapter:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
+    async def prompt_logprobs(self, ids: list[int], top_n: int) -> list[tuple[float | None, list]]:
+        """Each prompt token's logprob and top_n alternatives (eval.scoring.prompt_logprobs), on the engine thread."""
+        return await self._on_engine(lambda llm: prompt_logprobs(llm.model, ids, top_n))
+
     async def embed(self, ids: list[int], pooling: str) -> list[float]:
         """One input's embedding (infer/embeddings.py), computed on the engine thread between two steps."""
+        return (await self._on_engine(lambda llm: embed(llm.model, [ids], pooling)))[0].tolist()
+
+    async def _on_engine(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(LLMEngine) on the engine thread (AsyncEngine.call); a dead loop or a failed model is EngineDead."""
         if not self.is_alive():
             raise EngineDead("engine loop is not running")
         try:
-            vectors = await self.engine.call(lambda llm: embed(llm.model, [ids], pooling))
+            return await self.engine.call(fn)
         except RuntimeError as e:
             raise EngineDead(str(e)) from None
-        return vectors[0].tolist()
 
     # ---------------------------------------------------------------- lifecycle
     def is_alive(self) -> bool:

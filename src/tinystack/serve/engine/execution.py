@@ -30,7 +30,7 @@ from typing import AsyncIterator
 from tinystack.observe.usage import RequestUsage
 from tinystack.serve.api.errors import SERVER_ERROR, TIMEOUT, ApiError
 from tinystack.serve.api.requests import Prepared
-from tinystack.serve.engine.adapter import EngineBusy, EngineDead, ReplicaLost
+from tinystack.serve.engine.adapter import EngineBusy, EngineDead, ReplicaLost, TokenEvent
 from tinystack.serve.engine.generation import (
     DeadlineExceeded,
     Delta,
@@ -93,7 +93,7 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
             return
         raise _unavailable(state, "the circuit breaker is open after repeated engine failures")
     probe = state.breaker.state == "half_open"
-    if not state.gate.try_enter(prep.n):
+    if not state.gate.try_enter(prep.choices):
         if probe:
             state.breaker.release_probe()
         state.count("rejected_429")
@@ -102,7 +102,7 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
     loop = asyncio.get_running_loop()
     settled = False
     try:
-        deltas = generate(state.adapter, prep.prompt_ids, prep.params, n=prep.n, stops=prep.stops,
+        deltas = generate(state.adapter, prep.prompts, prep.params, n=prep.n, stops=prep.stops,
                           deadline=loop.time() + prep.timeout_s, stall_timeout_s=cfg.stall_timeout_s, usage=usage,
                           stop=state.cut_signal())
         try:
@@ -139,9 +139,22 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
             return
         raise _unavailable(state, why) from None
     finally:
-        state.gate.leave(prep.n)
+        state.gate.leave(prep.choices)
         if probe and not settled:
             state.breaker.release_probe()
+
+
+async def prompt_events(state: ServerState, ids: list[int], top_n: int | None) -> list[TokenEvent]:
+    """A prompt's tokens as an echoed answer starts with them: with top_n (the request's logprobs), each scored
+    after the ones before it on the engine thread (eval.scoring.prompt_logprobs; the first has no logprob).
+    Raises ApiError 503 when the engine is dead."""
+    if top_n is None:
+        return [TokenEvent(t) for t in ids]
+    try:
+        scored = await state.adapter.prompt_logprobs(ids, top_n)
+    except EngineDead as e:
+        raise _unavailable(state, str(e)) from None
+    return [TokenEvent(t, lp, tuple(top)) for t, (lp, top) in zip(ids, scored)]
 
 
 async def embed(state: ServerState, inputs: list[list[int]]) -> list[list[float]]:

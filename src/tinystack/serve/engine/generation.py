@@ -1,7 +1,7 @@
 """Run the n choices of one request on the engine and merge them into one stream of `Delta`s.
 
-    generate(adapter, prompt_ids, params, n=, stops=, deadline=, stall_timeout_s=, usage=)
-      -> one task per choice: adapter.stream(request_id-i) -> IncrementalText (stop strings)
+    generate(adapter, prompts, params, n=, stops=, deadline=, stall_timeout_s=, usage=)
+      -> one task per choice (n per prompt): adapter.stream(request_id-i) -> IncrementalText (stop strings)
       -> one asyncio.Queue -> Delta(index, text, tokens, finish_reason) in arrival order
       -> each choice's engine usage (stamps, tokens, cost) -> usage.add, also when aborted
 
@@ -108,27 +108,28 @@ async def _get_within(queue: asyncio.Queue, timeout: float, stop: asyncio.Future
     return _TIMED_OUT
 
 
-async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
+async def generate(adapter: EngineAdapter, prompts: Sequence[list[int]], params: SamplingParams, *, n: int = 1,
                    stops: Sequence[str] = (), deadline: float, stall_timeout_s: float,
                    usage: RequestUsage | None = None, stop: asyncio.Future | None = None) -> AsyncIterator[Delta]:
-    """Deltas of all n choices (see the module docstring). `deadline` is on the loop's clock.
-    `usage` expects n sequence reports; each choice's adapter stream delivers one. `stop` done:
-    ServerStopping."""
+    """Deltas of the n choices of every prompt (choice c answers prompts[c // n]; see the module docstring).
+    `deadline` is on the loop's clock. `usage` expects a report per choice; each choice's adapter stream
+    delivers one. `stop` done: ServerStopping."""
     loop = asyncio.get_running_loop()
     base = uuid.uuid4().hex
-    ids = [f"{base}-{i}" for i in range(n)]
+    total = len(prompts) * n
+    ids = [f"{base}-{i}" for i in range(total)]
     queue: asyncio.Queue = asyncio.Queue()
     tasks = []
-    started = [False] * n
+    started = [False] * total
     if usage is not None:
-        usage.expect(n)
+        usage.expect(total)
     for i, rid in enumerate(ids):
-        p = params if params.seed is None else replace(params, seed=params.seed + i)
-        tasks.append(asyncio.create_task(_run_choice(adapter, rid, i, prompt_ids, p, stops, queue, usage,
+        p = params if params.seed is None else replace(params, seed=params.seed + i % n)
+        tasks.append(asyncio.create_task(_run_choice(adapter, rid, i, prompts[i // n], p, stops, queue, usage,
                                                      started)))
     finished = 0
     try:
-        while finished < n:
+        while finished < total:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DeadlineExceeded()
@@ -152,5 +153,5 @@ async def generate(adapter: EngineAdapter, prompt_ids: list[int], params: Sampli
         for t in tasks:
             t.cancel()
         if usage is not None:  # a choice cancelled before it started never reached the engine
-            for i in (i for i in range(n) if not started[i]):
-                usage.add(SequenceUsage(ids[i], len(prompt_ids), 0, None))
+            for i in (i for i in range(total) if not started[i]):
+                usage.add(SequenceUsage(ids[i], len(prompts[i // n]), 0, None))

@@ -149,11 +149,17 @@ class ReplicaAdapter:
 
     async def embed(self, ids: list[int], pooling: str) -> list[float]:
         """One input's embedding on a replica Serve picks; a lost replica is EngineDead (a 503)."""
+        return await self._call("embed", list(ids), pooling)
+
+    async def prompt_logprobs(self, ids: list[int], top_n: int) -> list[tuple[float | None, list]]:
+        return await self._call("prompt_logprobs", list(ids), top_n)
+
+    async def _call(self, method: str, *args: Any) -> Any:
         try:
-            return await self.handle.embed.remote(list(ids), pooling)
+            return await getattr(self.handle, method).remote(*args)
         except Exception as e:
             if isinstance(e, EngineDead) or _lost_replica(e):
-                raise EngineDead(f"no replica could compute the embedding: {e}") from None
+                raise EngineDead(f"no replica could answer: {e}") from None
             raise
 
     def abort(self, request_id: str) -> None:

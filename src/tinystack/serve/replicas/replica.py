@@ -82,6 +82,9 @@ class EngineReplica:
     async def embed(self, ids: list[int], pooling: str) -> list[float]:
         return await self.adapter.embed(ids, pooling)
 
+    async def prompt_logprobs(self, ids: list[int], top_n: int) -> list[tuple[float | None, list]]:
+        return await self.adapter.prompt_logprobs(ids, top_n)
+
     def record_routing_stats(self) -> dict[str, Any]:
         s = self.adapter.stats()
         by_hash = getattr(getattr(self.adapter.llm, "block_manager", None), "by_hash", None) or {}
