@@ -113,6 +113,7 @@ class SamplingParams:
                                  ge=0, le=20)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); a dict is accepted
     structured_outputs: StructuredOutputs | None = None  # what the output must match (infer/structured)
+    priority: int = 0  # vLLM's: lower runs first (admission, and last to be preempted); equal priorities: FCFS
 
     def __post_init__(self) -> None:
         for name, knob in KNOBS.items():  # frozen: the checked value (an int as a float, an alias) set in place

@@ -295,3 +295,29 @@ def test_tokenize_gives_the_ids_a_completion_or_chat_runs_and_detokenize_reverse
             ("/tokenize", {"prompt": "x" * 201}, 413, "prompt")]:
         r = httpx.post(f"{served.url}{path}", json=payload, timeout=10)
         assert r.status_code == status and r.json()["error"]["param"] == param, (path, payload, r.text)
+
+
+def test_priority_under_overload_serves_high_before_the_queued_low_ones(serve, engine):
+    # one sequence at a time (the unbatched engine), the queue filled with low-priority requests, then high ones:
+    # each high one waits for the running request at most, never for the queue ahead of it
+    import asyncio
+    import statistics
+
+    served = serve(engine, max_queued_requests=16)
+
+    async def burst() -> tuple[list[float], list[float]]:
+        async with httpx.AsyncClient(base_url=served.url, timeout=60) as c:
+            def ask(priority: int):
+                return c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "ignore_eos": True,
+                                                       "temperature": 0, "priority": priority})
+            low = [asyncio.create_task(ask(10)) for _ in range(6)]
+            await asyncio.sleep(0.05)  # they are queued first
+            high = [asyncio.create_task(ask(-10)) for _ in range(2)]
+            done = await asyncio.gather(*low, *high)
+        assert all(r.status_code == 200 for r in done), [r.text for r in done if r.status_code != 200]
+        queue = [float(r.headers["x-queue-time"]) for r in done]
+        return queue[:6], queue[6:]
+
+    for _ in range(5):
+        low, high = asyncio.run(burst())
+        assert max(high) < statistics.median(low), (high, low)

@@ -107,9 +107,10 @@ def test_the_request_schemas_are_made_from_the_table(engine):
     others = set(openai_schemas._Fields.model_fields)
     assert set(schemas.GenerateRequest.model_fields) == {"prompt", "structured_outputs"} | table - set(
         schemas.GENERATE_EXCLUDES)
-    assert set(openai_schemas.CompletionRequest.model_fields) == others | {"prompt"} | table
+    assert set(openai_schemas.CompletionRequest.model_fields) == others | {"prompt", "echo"} | table
     chat_own = {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
-                "tool_choice", "parallel_tool_calls"}
+                "tool_choice", "parallel_tool_calls", "add_generation_prompt", "continue_final_message",
+                "chat_template_kwargs"}
     assert set(openai_schemas.ChatCompletionRequest.model_fields) == others | chat_own | table
     spec = create_app(engine, ServeConfig()).openapi()["components"]["schemas"]
     for model in ("GenerateRequest", "CompletionRequest", "ChatCompletionRequest"):

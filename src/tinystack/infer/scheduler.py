@@ -1,23 +1,42 @@
 """Continuous (iteration-level) batching: who runs in the next step, and with how many tokens.
 
-Every step, within `max_num_batched_tokens` and `max_num_seqs`:
-  1. running sequences first, oldest first: a decode feeds 1 token, an unfinished
-     (chunked) prefill feeds as much of the rest of its prompt as the budget allows;
-     when the block manager has no block for one, the NEWEST running sequence is
-     preempted (blocks freed, back to the front of the queue, recomputed later: its
-     prompt and output so far are prefilled again, mostly from the prefix cache)
-  2. then waiting sequences join, oldest first, each starting with the prefix-cache
+Every step, within `max_num_batched_tokens` and `max_num_seqs`, in priority order (a request's
+`priority`, lower first as in vLLM, then arrival; with equal priorities: first come, first served):
+  1. running sequences first: a decode feeds 1 token, an unfinished (chunked) prefill
+     feeds as much of the rest of its prompt as the budget allows; when the block
+     manager has no block for one, the LAST running sequence in that order (the
+     lowest priority, the newest) is preempted (blocks freed, back in the queue at its
+     place, recomputed later: its prompt and output so far are prefilled again, mostly
+     from the prefix cache)
+  2. then waiting sequences join in that order, each starting with the prefix-cache
      hits for its prompt and a prefill chunk of what is left of the budget.
 Finished sequences leave after the step that finishes them (`finish`), so their
 slot and blocks go to waiting ones at the next step. Nothing waits on a batch.
 """
 from __future__ import annotations
 
+import bisect
 import time
-from collections import deque
 
 from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.sequence import Sequence, SequenceStatus
+
+
+def priority_key(seq: Sequence) -> tuple[int, float]:
+    """The order sequences are served in: priority (lower first), then arrival."""
+    return seq.params.priority, seq.metrics.arrival
+
+
+class WaitQueue(list):
+    """Waiting sequences, kept in priority_key order (a preempted one goes back to its place)."""
+
+    def append(self, seq: Sequence) -> None:
+        bisect.insort(self, seq, key=priority_key)
+
+    appendleft = append
+
+    def popleft(self) -> Sequence:
+        return self.pop(0)
 
 
 class Scheduler:
@@ -29,7 +48,7 @@ class Scheduler:
                              "(every running sequence decodes one token a step)")
         self.bm = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
@@ -67,15 +86,15 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         batch: list[tuple[Sequence, int]] = []
         preempted = False
-        for seq in list(self.running):
-            if seq not in self.running:  # preempted while making room for an older one
+        for seq in sorted(self.running, key=priority_key):
+            if seq not in self.running:  # preempted while making room for one before it
                 continue
             n = min(seq.num_tokens - seq.num_computed, budget)
             if n <= 0:
                 continue
             while not self.bm.can_grow(seq, n):
                 preempted = True
-                victim = self.running[-1]
+                victim = max(self.running, key=priority_key)
                 self.preempt(victim)
                 if victim is seq:
                     break

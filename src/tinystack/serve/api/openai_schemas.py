@@ -2,7 +2,7 @@
 
 The fields are OpenAI's (https://platform.openai.com/docs/api-reference), plus vLLM-style extras that the
 `openai` client sends with `extra_body`: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`,
-`stop_token_ids`, and `timeout`
+`stop_token_ids`, `priority`, and `timeout`
 (seconds; may only lower the server's timeout). The sampling fields (temperature, top_p, seed, the
 penalties, top_k, min_p, ...) are made from SamplingParams' table (schemas.sampling_fields): their names,
 defaults and ranges (OpenAI's where it has the field, else vLLM's) are declared once, in infer/sampler.py;
@@ -56,6 +56,9 @@ class _Fields(RequestBody):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, max_length=64, description="vLLM's extra: token ids that end the output like EOS (not included); ids "
                                          "of this model's vocabulary.")
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description="vLLM's extra: lower is served first (admitted "
+                                                                    "first, preempted last); equal: first come, "
+                                                                    "first served.")
     timeout: float | None = Field(None, gt=0.0, le=3600.0, description="Seconds; only lowers the server's.")
     response_format: ResponseFormat | None = Field(None, description="text (default), json_object, or "
                                                                      "json_schema: the answer matches it.")

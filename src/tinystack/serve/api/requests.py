@@ -169,7 +169,7 @@ def _common(state: ServerState, body: CompletionRequest | ChatCompletionRequest)
     check_token_ids(state, body.stop_token_ids or [], "stop_token_ids")
     return dict(n=body.n, stop=body.stop, timeout=body.timeout, **body_sampling(state, body),
                 logit_bias=_logit_bias(state, body.logit_bias), ignore_eos=body.ignore_eos,
-                stop_token_ids=tuple(body.stop_token_ids or ()))
+                stop_token_ids=tuple(body.stop_token_ids or ()), priority=body.priority)
 
 
 def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
