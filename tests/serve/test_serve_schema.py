@@ -76,6 +76,7 @@ def test_what_the_schema_refuses_the_server_refuses(client):
         (COMPLETIONS, {"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         (COMPLETIONS, {"prompt": [], "max_tokens": 2}, "prompt"),
         (COMPLETIONS, {"prompt": ["a"] * (MAX_PROMPTS + 1), "max_tokens": 2}, "prompt"),
+        (COMPLETIONS, {"prompt": PROMPT, "timeout": 5e-324}, "timeout"),  # a 400, not a 504 from client input
         (COMPLETIONS, {"prompt": [1, "b"], "max_tokens": 2}, "prompt.0"),  # neither texts nor token ids
     ]
     for route, body, param in cases:

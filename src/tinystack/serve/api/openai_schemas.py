@@ -32,7 +32,7 @@ from tinystack.sampling_params import KNOBS
 from tinystack.serve.api.schemas import STRICT, RequestBody, knob_field, sampling_fields
 from tinystack.serve.api.tool_schemas import ResponseFormat, StructuredOutputsBody, Tool, ToolCall, ToolChoice
 
-MIN_TIMEOUT_S = 0.1  # a request's own timeout below this could not even see its prompt admitted: a 400
+MIN_TIMEOUT_S = 1e-3  # a request's own timeout below a millisecond is no timeout a clock here can keep: a 400
 StopText = Annotated[str, Field(min_length=1)]
 Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
 
