@@ -148,6 +148,23 @@ def test_the_api_through_two_replicas(cluster):
     assert len(ended) == 2
 
 
+def test_embeddings_and_echoed_prompt_logprobs_through_the_replicas(cluster):
+    # computed on a replica's engine thread (EngineReplica.embed / prompt_logprobs): the same numbers every time,
+    # whichever replica answers (both serve the same model)
+    url = cluster[3]
+    first = httpx.post(url + "/v1/embeddings", json={"input": ["return the", "hi"]}, timeout=60)
+    assert first.status_code == 200, first.text
+    vectors = [d["embedding"] for d in first.json()["data"]]
+    assert len(vectors) == 2 and all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vectors)
+    body = {"prompt": ["return the", "hi there"], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}
+    echoed = [httpx.post(url + "/v1/completions", json=body, timeout=60) for _ in range(3)]
+    assert all(r.status_code == 200 for r in echoed), [r.text for r in echoed]
+    scores = [[c["logprobs"]["token_logprobs"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+              for r in echoed]
+    assert scores[0][0][0] is None and all(lp is not None for lp in scores[0][0][1:])
+    assert all(s == scores[0] for s in scores)
+
+
 def test_a_rate_limit_holds_across_replicas(cluster):
     limited_url = cluster[4]
     results = [_complete(limited_url, i) for i in range(5)]
