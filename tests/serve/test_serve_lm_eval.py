@@ -43,8 +43,10 @@ def _evaluate(model: str, model_args: str, tasks) -> tuple[float, list[list[tupl
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    # only this test's task is indexed (lm-eval's thousands of built-in ones take ~15 s to index each time)
+    manager = TaskManager(include_path=str(tasks), include_defaults=False)
     out = simple_evaluate(model=model, model_args=model_args, tasks=["tiny_mc"], log_samples=True,
-                          task_manager=TaskManager(include_path=str(tasks)), batch_size=2)
+                          task_manager=manager, batch_size=2)
     samples = sorted(out["samples"]["tiny_mc"], key=lambda s: s["doc_id"])
     return out["results"]["tiny_mc"]["acc,none"], [[tuple(r[0]) for r in s["resps"]] for s in samples]
 
