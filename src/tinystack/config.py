@@ -334,8 +334,7 @@ RENAMED = {
     "infer.dtype": "infer.weight_format",
     "infer.quantize": "infer.weight_format",
     "infer.backend": "infer.runtime",
-    "serve.ray_address": "serve.ray_cluster",
-    "serve.max_prompt_chars": "serve.max_body_bytes",  # a prompt is limited in tokens, by the model's context
+    "serve.ray_address": "serve.ray_cluster", "serve.max_prompt_chars": "serve.max_body_bytes",  # prompts: in tokens
     "train.threads": "run.threads",
     "eval.threads": "run.threads",
     "eval.batch_size": "eval.windows_per_batch",
