@@ -322,3 +322,7 @@ def test_priority_under_overload_serves_high_before_the_queued_low_ones(serve, e
     for _ in range(5):
         low, high = asyncio.run(burst())
         assert max(high) < statistics.median(low), (high, low)
+    for bad in ("high", 1.5, 2**31, None):  # an integer, in vLLM's (int32) range
+        r = httpx.post(f"{served.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "priority": bad},
+                       timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "priority", (bad, r.text)
