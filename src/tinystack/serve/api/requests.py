@@ -197,6 +197,7 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
     """One Prepared for every prompt of the body (a batch runs as one request: prompt i's choices are i*n..)."""
     preps = []
     so, param = constraint_of(body)
+    common = _common(state, body)  # the body's own checks (stop ids, logit_bias) once, not per prompt
     for prompt in _completion_prompts(body):
         ids = None
         if isinstance(prompt, list):  # token ids: run as given (the text is for the log and the character limit)
@@ -204,7 +205,7 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
             check_token_ids(state, ids, "prompt")
             prompt = state.adapter.tokenizer.decode(ids)
         preps.append(prepare(state, prompt, max_tokens=body.max_tokens, logprobs=body.logprobs, prompt_ids=ids,
-                             structured_outputs=so, **_common(state, body)))
+                             structured_outputs=so, **common))
     prep = preps[0]
     if len(preps) > 1:
         if any(p.params.max_tokens != prep.params.max_tokens for p in preps):  # defaulted to what fits each
