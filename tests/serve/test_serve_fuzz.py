@@ -2,9 +2,11 @@
 (valid bodies, and invalid ones: wrong types, missing fields, out-of-range values) and sends
 them to the real uvicorn server. No answer may be a 5xx, every error has the OpenAI shape, and every
 answer agrees with the schema: its status and content type are declared (text/event-stream for a
-stream), its body (each event of a stream) fits, and what the schema forbids is refused.
-Schema-valid bodies may still get a 400 for a limit of the server's config (max_tokens_limit, max_n,
-the context), which the schema cannot know: schemathesis' positive_data_acceptance is left out.
+stream), its body (each event of a stream) fits, and what the schema forbids is refused. What it allows is
+accepted: the served schema carries this server's limits (max_tokens_limit 8, max_n 2, the vocabulary's ids), so a
+schema-valid body is refused only for what no JSON Schema can say, each with its own code
+(errors.UNDECLARED_REFUSALS: the prompt's tokens against the context, a constraint that does not compile, the
+chat template's refusals, rules by value or name between fields), never with invalid_value.
 The engine's tokenizer is the tiny model directory's tokenizer.json loaded as a server loads it, so the
 structured-output fields (response_format, structured_outputs, tools, tool_choice) the schema describes are
 compiled for real: random JSON Schemas, regexes and grammars must be 400s or answers, never a 5xx or a hang.
@@ -27,6 +29,7 @@ from schemathesis.checks import (
 )
 from serve_helpers import unbatched
 
+from tinystack.serve.api.errors import UNDECLARED_REFUSALS
 from tinystack.tokenizer import load_tokenizer
 
 ERROR_KEYS = {"message", "type", "param", "code"}
@@ -53,6 +56,7 @@ def test_no_5xx_and_openai_error_shape(fuzz_target, mode):
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 6
     seen: dict[int, int] = {}
+    refused: dict[str, int] = {}
     for op in operations:
         if mode == schemathesis.GenerationMode.NEGATIVE and op.method.upper() != "POST":
             continue  # a GET without parameters has no invalid form
@@ -67,11 +71,17 @@ def test_no_5xx_and_openai_error_shape(fuzz_target, mode):
             assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
             if response.status_code >= 400:
                 assert set(response.json()["error"]) == ERROR_KEYS, response.text[:300]
+            if mode == schemathesis.GenerationMode.POSITIVE and 400 <= response.status_code < 500:
+                refused[response.json()["error"]["code"]] = refused.get(response.json()["error"]["code"], 0) + 1
+                assert response.json()["error"]["code"] in UNDECLARED_REFUSALS, (  # the schema allowed it
+                    case.method, case.path, case.body, response.text[:300])
             case.validate_response(response, checks=CONFORMANCE)
 
         check()
     if mode == schemathesis.GenerationMode.NEGATIVE:
         assert any(400 <= s < 500 for s in seen), seen  # the bad input was really sent and refused
+    else:
+        assert seen.get(200, 0) > sum(seen.values()) // 2, (seen, refused)  # most valid bodies were answered
 
 
 def test_schema_lists_every_endpoint(serve, engine):

@@ -38,6 +38,7 @@ from tinystack.observe.tracing import make_tracer
 from tinystack.serve.api.deps import authenticate
 from tinystack.serve.api.errors import install_error_handlers
 from tinystack.serve.api.middleware import RequestContextMiddleware
+from tinystack.serve.api.openapi import served_openapi
 from tinystack.serve.api.routes import router
 from tinystack.serve.engine.async_adapter import make_adapter
 from tinystack.serve.engine.watchdog import watchdog
@@ -148,6 +149,7 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
 
     app = FastAPI(title="tinystack", summary="Text generation with a tiny GPT; OpenAI-compatible.",
                   lifespan=lifespan, dependencies=[Depends(authenticate)])  # on every route: opt out by name
+    app.openapi = lambda: served_openapi(app)  # type: ignore[method-assign]  # with this server's limits
     app.state.engine = engine
     app.state.serve_config = cfg
     app.state.server = None

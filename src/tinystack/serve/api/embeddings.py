@@ -19,15 +19,15 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import Field
 
-from tinystack.infer import PromptError
-from tinystack.serve.api.errors import ApiError
+from tinystack.infer import PromptError, PromptTooLongError
+from tinystack.serve.api.errors import CONTEXT_LENGTH_EXCEEDED, ApiError
 from tinystack.serve.api.requests import check_token_ids
-from tinystack.serve.api.schemas import RequestBody
+from tinystack.serve.api.schemas import RequestBody, TokenId
 from tinystack.serve.state import ServerState
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 
-Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Ids = Annotated[list[TokenId], Field(min_length=1)]
 Text = Annotated[str, Field(min_length=1)]
 
 
@@ -66,7 +66,8 @@ def encode_inputs(state: ServerState, body: EmbeddingRequest) -> list[list[int]]
         try:
             out.append(state.adapter.encode(x))
         except PromptError as e:
-            raise _invalid(f"input[{i}]: {e}") from None
+            raise ApiError(400, f"input[{i}]: {e}", CONTEXT_LENGTH_EXCEEDED if isinstance(e, PromptTooLongError)
+                           else "invalid_value", param="input") from None
     return out
 
 

@@ -34,6 +34,16 @@ TIMEOUT = "timeout_error"
 SERVER_ERROR = "server_error"
 AUTH_ERROR = "authentication_error"
 
+# The 400s a request can get although it matches /openapi.json: what no JSON Schema can say (docs/serve.md). Each
+# has its own code, so a client (and the fuzz test) tells them from a broken contract, whose code is invalid_value.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # the prompt's tokens (+ max_tokens) do not fit the context
+INVALID_CONSTRAINT = "invalid_constraint"  # a JSON Schema / regex / grammar / tool schema llguidance cannot compile
+CHAT_TEMPLATE_ERROR = "chat_template_error"  # the model's chat template refuses the conversation
+CONFLICTING_FIELDS = "conflicting_fields"  # a rule between fields the schema cannot state (by value, or by name)
+TOO_MANY_SEQUENCES = "too_many_sequences"  # a batch of prompts x n beyond what the server holds at once
+UNDECLARED_REFUSALS = frozenset({CONTEXT_LENGTH_EXCEEDED, INVALID_CONSTRAINT, CHAT_TEMPLATE_ERROR,
+                                 CONFLICTING_FIELDS, TOO_MANY_SEQUENCES})
+
 
 class ApiError(Exception):
     """An error answer: HTTP `status`, a message for the client, an error `type` and a precise `code`;

@@ -11,12 +11,11 @@ table's range. Unknown fields are rejected at every level, inside
 `messages[]` too (a typo must not fall back to a default silently); the fields of
 OpenAI's answer message that this server never produces (`refusal`, `audio`, ...)
 are accepted as null, which is what a client echoes back. Strings are not numbers;
-integer fields take 5.0 as 5 (schemas.RequestBody). Every rule that does not depend on the
-server's config is in the schema (so /openapi.json says it); the ones that do (`n <=
-max_n`, `max_tokens <= max_tokens_limit`, the prompt fitting the context) are checked in
-requests.py, with the numbers in the message, as are two rules between fields:
-`max_tokens` and `max_completion_tokens` exclude each other (the schema says so with
-`not`), and `top_logprobs` needs `logprobs: true`.
+integer fields take 5.0 as 5 (exact_json.py). The rules between fields are in the schema too (`_FIELD_RULES`,
+`CHAT_TEMPLATE_RULES`, the chat body's own: stream_options needs stream, one constraint field, top_logprobs
+needs logprobs, tool_choice needs tools, continue_final_message needs add_generation_prompt false), and the
+served /openapi.json fills in the config's and the model's limits (openapi.py); what no JSON Schema can say is
+checked in requests.py, with the numbers in the message (docs/serve.md lists it).
 Structured outputs and tools (tool_schemas.py): `response_format` (text, json_object, json_schema) and vLLM's
 `structured_outputs` on both endpoints; `tools`, `tool_choice`, `parallel_tool_calls` and the history's
 `tool_calls` / `tool` turns on chat. What only the grammar engine can judge is checked in requests.py.
@@ -28,10 +27,18 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
 
-from tinystack.sampling_params import KNOBS
-from tinystack.serve.api.schemas import STRICT, RequestBody, knob_field, sampling_fields
+from tinystack.infer.chat import RESERVED
+from tinystack.sampling_params import KNOBS, LOGIT_BIAS_MAX
+from tinystack.serve.api.schemas import STRICT, TOKEN_ID_MARK, RequestBody, TokenId, knob_field, sampling_fields
 from tinystack.serve.api.tool_schemas import ResponseFormat, StructuredOutputsBody, Tool, ToolCall, ToolChoice
 
+# continue_final_message: true needs add_generation_prompt: false (it defaults to true)
+CHAT_TEMPLATE_RULES = [{"if": {"required": ["continue_final_message"], "properties": {"continue_final_message":
+                                                                                     {"const": True}}},
+                        "then": {"required": ["add_generation_prompt"],
+                                 "properties": {"add_generation_prompt": {"const": False}}}}]
+# the names the chat template gets from the server itself are not the request's to set (infer.chat.RESERVED)
+TEMPLATE_KWARGS: dict[str, Any] = {"propertyNames": {"not": {"enum": sorted(RESERVED)}}}
 MIN_TIMEOUT_S = 1e-3  # a request's own timeout below a millisecond is no timeout a clock here can keep: a 400
 StopText = Annotated[str, Field(min_length=1)]
 Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
@@ -42,8 +49,25 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+def _given(name: str, value: dict[str, Any] | None = None) -> dict[str, Any]:
+    """JSON Schema: `name` is given, not null (and matches `value`)."""
+    given: dict[str, Any] = {"not": {"type": "null"}}
+    return {"required": [name], "properties": {name: {"allOf": [given, value]} if value else given}}
+
+
+# The rules between fields, in /openapi.json as JSON Schema (the checks themselves: requests.py, structured.py,
+# tools.py; a client generated from the schema meets them)
+_FIELD_RULES: list[dict[str, Any]] = [
+    {"if": _given("stream_options"), "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
+    {"not": {"allOf": [_given("structured_outputs"),  # one constraint: response_format or structured_outputs
+                       _given("response_format", {"properties": {"type": {"enum": ["json_object", "json_schema"]}}})
+                       ]}}]
+
+
 class _Fields(RequestBody):
     """The fields of /v1/completions and /v1/chat/completions that are not sampling parameters."""
+
+    model_config = ConfigDict(json_schema_extra={"allOf": _FIELD_RULES})
 
     model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
     n: int = Field(1, ge=1, le=128, description="Choices; at most ServeConfig.max_n.")
@@ -51,10 +75,11 @@ class _Fields(RequestBody):
     stream_options: StreamOptions | None = None
     stop: Stop = Field(None, description="Up to 4 non-empty strings; the text ends before the first one found.")
     user: str | None = Field(None, max_length=256)
-    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100], "
-                                                                 "added to its logit before sampling.")
+    logit_bias: dict[str, Annotated[float, Field(ge=-LOGIT_BIAS_MAX, le=LOGIT_BIAS_MAX)]] | None = Field(
+        None, json_schema_extra={TOKEN_ID_MARK: "keys"}, description="Token id (as a string) -> bias in "
+                                                                    "[-100, 100], added to its logit before sampling.")
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+    stop_token_ids: list[TokenId] | None = Field(
         None, max_length=64, description="vLLM's extra: token ids that end the output like EOS (not included); ids "
                                          "of this model's vocabulary.")
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1, description="vLLM's extra: lower is served first (admitted "
@@ -96,7 +121,7 @@ def _prompt_kind(value: object) -> str:
     return "list[str]" if isinstance(value, list) else "str"
 
 
-Ids = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Ids = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(_Sampling):
@@ -144,18 +169,19 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Sampling):
-    """POST /v1/chat/completions. `max_tokens` and `max_completion_tokens` exclude each other."""
+    """POST /v1/chat/completions. `max_completion_tokens` is `max_tokens`' newer name: given both, it wins (vLLM)."""
 
+    # Five rules between fields is what schemathesis' generator (jsonschema_rs) can still expand on a body this
+    # size: "tools with a response_format other than text need tool_choice none" is checked per request only
     model_config = ConfigDict(json_schema_extra={"allOf": [
-        {"not": {"required": ["max_tokens", "max_completion_tokens"]}},
-        {"not": {"required": ["continue_final_message"], "properties": {
-            "continue_final_message": {"const": True}, "add_generation_prompt": {"const": True}}}},
-        {"not": {"required": ["top_logprobs"], "properties": {  # top_logprobs needs logprobs: true
-            "top_logprobs": {"type": "integer"}, "logprobs": {"const": False}}}}]})
+        *_FIELD_RULES, *CHAT_TEMPLATE_RULES,
+        {"if": _given("top_logprobs"), "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
+        {"if": _given("tool_choice", {"not": {"const": "none"}}),  # tool_choice (but "none") needs tools
+         "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}}]})
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens (the newer name); "
-                                                                      "give one of the two, not both.")
+                                                                      "given both, this one counts.")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, description="The n most likely tokens' logprobs; needs logprobs: true.",
                                      **KNOBS["logprobs"].bounds)
@@ -168,6 +194,6 @@ class ChatCompletionRequest(_Sampling):
     continue_final_message: bool = Field(False, description="vLLM's extra: the prompt ends inside the last "
                                                             "message, which the model continues (a prefilled "
                                                             "answer); needs add_generation_prompt: false.")
-    chat_template_kwargs: dict[str, Any] | None = Field(None, description="vLLM's extra: more variables for the "
-                                                                          "chat template (e.g. enable_thinking); "
-                                                                          "names it does not read are ignored.")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, json_schema_extra=TEMPLATE_KWARGS, description="vLLM's extra: more variables for the chat template (e.g. "
+                                                             "enable_thinking); names it does not read are ignored.")

@@ -31,8 +31,14 @@ from typing import Any
 
 from tinystack.infer.chat import ChatTemplateError, encode_chat, message_text
 from tinystack.infer.llm_engine import PromptError, PromptTooLongError
-from tinystack.sampling_params import KNOBS, LOGIT_BIAS_MAX, SamplingParams
-from tinystack.serve.api.errors import ApiError
+from tinystack.sampling_params import KNOBS, SamplingParams
+from tinystack.serve.api.errors import (
+    CHAT_TEMPLATE_ERROR,
+    CONFLICTING_FIELDS,
+    CONTEXT_LENGTH_EXCEEDED,
+    TOO_MANY_SEQUENCES,
+    ApiError,
+)
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 from tinystack.serve.api.reasoning import prompt_opens_thinking
 from tinystack.serve.api.structured import check_constraint, constraint_of
@@ -86,6 +92,12 @@ def _param(name: str, message: str, status: int = 400, code: str = "invalid_valu
     return ApiError(status, message, code, param=name)
 
 
+def template_error(e: ChatTemplateError) -> ApiError:
+    """A 400 naming the field: chat_template_error when the model's template refused the messages (no schema can
+    say which it takes), invalid_value when a rule of the request's own fields was broken."""
+    return _param(e.param, str(e), code=CHAT_TEMPLATE_ERROR if e.param == "messages" else "invalid_value")
+
+
 def check_token_ids(state: ServerState, ids: list[int], param: str) -> None:
     """Every id in this model's vocabulary, else a 400 naming the first that is not."""
     vocab = state.adapter.tokenizer.vocab_size
@@ -106,7 +118,7 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
     try:  # a chat prompt comes tokenised (its template's special tokens parsed): the same rules apply
         ids = adapter.encode(prompt_ids if prompt_ids is not None else prompt)
     except PromptError as e:
-        raise _param("prompt", str(e), code="context_length_exceeded" if isinstance(e, PromptTooLongError)
+        raise _param("prompt", str(e), code=CONTEXT_LENGTH_EXCEEDED if isinstance(e, PromptTooLongError)
                      else "invalid_value") from None
     ctx = adapter.max_seq_len
     if max_tokens is None:
@@ -115,10 +127,13 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
         raise _param("max_tokens", f"prompt is {len(ids)} tokens and max_tokens is {max_tokens}: "
                                    f"{len(ids)} + {max_tokens} = {len(ids) + max_tokens} exceeds the model's context "
                                    f"of {ctx} tokens (max_seq_len - max_tokens = {ctx - max_tokens} prompt tokens "
-                                   f"at most)", code="context_length_exceeded")
+                                   f"at most)", code=CONTEXT_LENGTH_EXCEEDED)
     if sampling.get("min_tokens", 0) > max_tokens:
         raise _param("min_tokens", f"min_tokens must be at most max_tokens ({max_tokens}), "
-                                   f"got {sampling['min_tokens']}")
+                                   f"got {sampling['min_tokens']}", code=CONFLICTING_FIELDS)
+    if sampling.get("min_tokens", 0) and sampling.get("structured_outputs") is not None:
+        raise _param("min_tokens", "min_tokens cannot be combined with a structured output constraint (the "
+                                   "constraint decides where the answer ends)", code=CONFLICTING_FIELDS)
     if 0 < sampling.get("temperature", 1.0) < GREEDY_BELOW:  # logits / 1e-300 overflow to inf -> NaN probs
         sampling["temperature"] = 0.0
     if "top_p" in sampling:  # a top_p that float32 rounds to 0 would drop every token
@@ -144,15 +159,13 @@ def body_sampling(state: ServerState, body: Any) -> dict[str, Any]:
 
 def _logit_bias(state: ServerState, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's logit_bias ({"50256": -100}) as SamplingParams takes it; a key that is not a token id of this
-    model's vocabulary, or a bias outside [-100, 100], is a 400 naming it."""
+    model's vocabulary is a 400 naming it (a bias outside [-100, 100] was refused with the body)."""
     out = []
     vocab = state.adapter.tokenizer.vocab_size
     for key, value in (bias or {}).items():
-        if not key.isdigit() or int(key) >= vocab:
+        if not (key.isascii() and key.isdigit()) or int(key) >= vocab:
             raise _param("logit_bias", f"logit_bias key {key[:20]!r} is not a token id of this model's vocabulary "
                                        f"(0 to {vocab - 1})")
-        if not -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX:
-            raise _param("logit_bias", f"logit_bias[{key}] = {value}: a bias must be in [-100, 100]")
         out.append((int(key), float(value)))
     return tuple(out)
 
@@ -214,15 +227,13 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
         prep.prompt = "".join(p.prompt for p in preps)  # the log's and the character limit's
         if prep.choices > state.gate.capacity:  # it could never be admitted: not a 429 to retry
             raise _param("prompt", f"{len(preps)} prompts x n = {prep.choices} sequences; this server runs or "
-                                   f"queues at most {state.gate.capacity}")
+                                   f"queues at most {state.gate.capacity}", code=TOO_MANY_SEQUENCES)
     prep.echo = body.echo
     check_constraint(state, prep.params, param or "structured_outputs")
     return _streaming(prep, body)
 
 
 def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
-    if body.max_tokens is not None and body.max_completion_tokens is not None:
-        raise _param("max_completion_tokens", "give max_tokens or max_completion_tokens, not both")
     if body.top_logprobs is not None and not body.logprobs:
         raise _param("top_logprobs", "top_logprobs needs logprobs: true")
     plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, body.response_format,
@@ -236,9 +247,10 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
                                    continue_final_message=body.continue_final_message,
                                    template_kwargs=body.chat_template_kwargs)
     except ChatTemplateError as e:
-        raise _param(e.param, str(e)) from None
+        raise template_error(e) from None
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    prep = prepare(state, prompt, max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=logprobs,
+    prep = prepare(state, prompt, max_tokens=body.max_tokens if body.max_completion_tokens is None
+                   else body.max_completion_tokens, logprobs=logprobs,
                    prompt_ids=encode_chat(state.adapter.tokenizer, prompt), structured_outputs=so,
                    **_common(state, body))
     check_constraint(state, prep.params, param or "structured_outputs")

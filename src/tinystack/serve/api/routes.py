@@ -26,13 +26,14 @@ from tinystack.observe.metrics import CONTENT_TYPE
 from tinystack.serve.api import embeddings, openai_service, service, tokenize
 from tinystack.serve.api.deps import Caller, Context, State, Validated
 from tinystack.serve.api.errors import ApiError
+from tinystack.serve.api.exact_json import ExactJsonRoute
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from tinystack.serve.api.requests import Prepared, prepare_chat, prepare_completion, prepare_off_loop
 from tinystack.serve.api.schemas import ErrorResponse, GenerateResponse, HealthResponse
 from tinystack.serve.engine.disconnect import ClientDisconnected, unless_disconnected
 from tinystack.serve.engine.execution import check_rate, embed
 
-router = APIRouter()
+router = APIRouter(route_class=ExactJsonRoute)  # bodies' numbers read as JSON Schema reads them
 
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
                                             for code in (400, 401, 413, 422, 429, 500, 503, 504)}

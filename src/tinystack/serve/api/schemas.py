@@ -5,8 +5,9 @@ Static limits live on the fields; limits that depend on the server's `ServeConfi
 checked by the `validated_request` dependency (deps.py), before the request waits
 for a concurrency slot. Fields are strict: `"5"` is not an integer and `1.5` is not
 one either, but `5.0` is (JSON Schema's "integer", which /openapi.json states, is any number
-with no fraction, and OpenAI accepts it); unknown fields are rejected, so a typo never
-silently falls back to a default.
+with no fraction, and OpenAI accepts it: the body is parsed so, exact_json.py); unknown fields are
+rejected, so a typo never silently falls back to a default. /openapi.json is the served one (openapi.py):
+these models' schemas with the limits of the server's config and model filled in.
 
 The sampling fields are not written here: `sampling_fields` makes them from SamplingParams' table
 (infer/sampler.py's KNOBS: name, type, default, range, description), for /generate here and for the OpenAI
@@ -21,9 +22,9 @@ errors.py answers with 400 `invalid_unicode` on every route.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional, Union, get_args
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from tinystack.sampling_params import KNOBS, Knob
@@ -32,6 +33,10 @@ STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 UNPAIRED_SURROGATE = "unpaired_surrogate"
 # json.loads joins a valid pair into one code point, so any surrogate left in a str is unpaired
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# A token id of the served model: 0 here; its maximum (the vocabulary's last id) is filled into the served
+# schema (openapi.py) where this mark stands, and checked per request (requests.check_token_ids)
+TOKEN_ID_MARK = "x-token-id"
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={TOKEN_ID_MARK: True})]
 
 
 def printable(text: str) -> str:
@@ -74,16 +79,6 @@ class RequestBody(BaseModel):
                                       {"param": where})
         return data
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _integral(cls, value: Any, info: ValidationInfo) -> Any:
-        """5.0 -> 5 for an integer field (a float with no fraction is the integer the schema promises)."""
-        if type(value) is float and value.is_integer() and info.field_name is not None:
-            annotation = cls.model_fields[info.field_name].annotation
-            if annotation is int or int in get_args(annotation):
-                return int(value)
-        return value
-
 
 def knob_field(knob: Knob, default: Any = ..., description: str | None = None) -> tuple[Any, Any]:
     """A pydantic field definition (type, Field) of one sampling parameter: its range as Field constraints;
@@ -101,10 +96,17 @@ def sampling_fields(exclude: tuple[str, ...] = (), **defaults: Any) -> dict[str,
 JsonSchema = dict[str, Any]
 
 
+def _set(name: str) -> dict[str, Any]:
+    """JSON Schema: `name` is given and set (json_object: true; the others: not null)."""
+    return {"required": [name], "properties": {name: {"const": True} if name == "json_object" else
+                                               {"not": {"type": "null"}}}}
+
+
 class StructuredOutputsBody(BaseModel):
     """vLLM's `structured_outputs` (extra body): exactly one of these constrains the output."""
 
-    model_config = STRICT
+    model_config = {**STRICT, "json_schema_extra": {"oneOf": [_set(k) for k in
+                                                              ("json", "json_object", "regex", "choice", "grammar")]}}
     json_: Union[JsonSchema, str, None] = Field(None, alias="json", description="A JSON Schema (or its text).")
     json_object: bool | None = Field(None, description="true: any JSON object.")
     regex: str | None = Field(None, description="The whole output matches this regex (llguidance's syntax).")

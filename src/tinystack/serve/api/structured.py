@@ -19,7 +19,7 @@ from typing import Any
 
 from tinystack.infer.structured import GrammarError, UnsupportedTokenizer
 from tinystack.sampling_params import SamplingParams, StructuredOutputs
-from tinystack.serve.api.errors import ApiError
+from tinystack.serve.api.errors import INVALID_CONSTRAINT, ApiError
 from tinystack.serve.api.schemas import StructuredOutputsBody
 from tinystack.serve.state import ServerState
 
@@ -70,4 +70,5 @@ def check_constraint(state: ServerState, params: SamplingParams, param: str) -> 
     except UnsupportedTokenizer as e:
         raise ApiError(400, f"{param}: {e}", "structured_outputs_unsupported", param=param) from None
     except GrammarError as e:
-        raise _invalid(param, f"{param}: cannot be compiled ({e.kind}): {e.reason}") from None
+        raise ApiError(400, f"{param}: cannot be compiled ({e.kind}): {e.reason}", INVALID_CONSTRAINT,
+                       param=param) from None

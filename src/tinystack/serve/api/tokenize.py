@@ -11,15 +11,15 @@ body's size limit (max_body_bytes, 413) applies, as it does to a completion.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from tinystack.infer.chat import ChatTemplateError, encode_chat
 from tinystack.serve.api.errors import ApiError
-from tinystack.serve.api.openai_schemas import ChatMessage
-from tinystack.serve.api.requests import chat_messages, check_token_ids
-from tinystack.serve.api.schemas import STRICT
+from tinystack.serve.api.openai_schemas import CHAT_TEMPLATE_RULES, TEMPLATE_KWARGS, ChatMessage
+from tinystack.serve.api.requests import chat_messages, check_token_ids, template_error
+from tinystack.serve.api.schemas import STRICT, TokenId
 from tinystack.serve.api.tool_schemas import Tool
 from tinystack.serve.state import ServerState
 
@@ -27,7 +27,8 @@ from tinystack.serve.state import ServerState
 class TokenizeRequest(BaseModel):
     """A completion prompt or a chat's messages (exactly one: the schema says so with oneOf)."""
 
-    model_config = {**STRICT, "json_schema_extra": {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}}
+    model_config = {**STRICT, "json_schema_extra": {"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
+                                                    "allOf": CHAT_TEMPLATE_RULES}}
     model: str | None = Field(None, max_length=256, description="Any value; this server serves one model.")
     prompt: str = Field(None, description="Give this or messages.")  # type: ignore[assignment]  # absent = None
     messages: list[ChatMessage] = Field(None, min_length=1, description="Give this or prompt.")  # type: ignore
@@ -36,7 +37,8 @@ class TokenizeRequest(BaseModel):
     tools: list[Tool] | None = Field(None, max_length=128, description="Messages only: the tools the chat template "
                                                                       "is given, as a chat completion's `tools`.")
     continue_final_message: bool = Field(False, description="Messages only: as a chat completion's.")
-    chat_template_kwargs: dict[str, Any] | None = Field(None, description="Messages only: as a chat completion's.")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, json_schema_extra=TEMPLATE_KWARGS,
+                                                        description="Messages only: as a chat completion's.")
 
 
 class TokenizeResponse(BaseModel):
@@ -48,7 +50,7 @@ class TokenizeResponse(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = STRICT
     model: str | None = Field(None, max_length=256)
-    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
+    tokens: list[TokenId] = Field(max_length=1_000_000)
 
 
 class DetokenizeResponse(BaseModel):
@@ -69,7 +71,7 @@ def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
                                        continue_final_message=body.continue_final_message,
                                        template_kwargs=body.chat_template_kwargs)
         except ChatTemplateError as e:
-            raise ApiError(400, str(e), "invalid_value", param=e.param) from None
+            raise template_error(e) from None
         ids = encode_chat(tokenizer, prompt)
     return TokenizeResponse(count=len(ids), max_model_len=state.adapter.max_seq_len, tokens=ids)
 

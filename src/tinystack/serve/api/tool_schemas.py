@@ -52,7 +52,10 @@ class FunctionDef(BaseModel):
     model_config = STRICT
     name: FunctionName
     description: str | None = None
-    parameters: JsonSchema | None = Field(None, description="A JSON Schema of type object; omitted: no arguments.")
+    parameters: JsonSchema | None = Field(None, description="A JSON Schema of type object; omitted: no arguments.",
+                                          json_schema_extra={"anyOf": [{"type": "null"}, {
+                                              "type": "object", "required": ["type"],
+                                              "properties": {"type": {"const": "object"}}}]})
     strict: bool | None = Field(None, description="Accepted; arguments always match `parameters`.")
 
 

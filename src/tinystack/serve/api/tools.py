@@ -28,7 +28,7 @@ from typing import Any
 
 from tinystack.infer.chat_tools import HERMES, ToolCallFormat
 from tinystack.sampling_params import StructuredOutputs
-from tinystack.serve.api.errors import ApiError
+from tinystack.serve.api.errors import CONFLICTING_FIELDS, ApiError
 
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -50,8 +50,8 @@ class ToolPlan:
         return self.choice != "none"
 
 
-def _invalid(param: str, message: str) -> ApiError:
-    return ApiError(400, message, "invalid_value", param=param)
+def _invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, code, param=param)
 
 
 def _lit(text: str) -> str:
@@ -89,7 +89,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool, respon
     for i, tool in enumerate(tools):
         fn = tool.function
         if fn.name in schemas:
-            raise _invalid("tools", f"tools[{i}]: a second function named {fn.name!r}")
+            raise _invalid("tools", f"tools[{i}]: a second function named {fn.name!r}", CONFLICTING_FIELDS)
         params = NO_ARGUMENTS if fn.parameters is None else fn.parameters
         if params.get("type") != "object":
             raise _invalid("tools", f"tools[{i}].function.parameters must be a JSON Schema with \"type\": \"object\" "
@@ -98,10 +98,10 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool, respon
     choice = "auto" if tool_choice is None else tool_choice if isinstance(tool_choice, str) else "named"
     if choice == "named" and tool_choice.function.name not in schemas:
         raise _invalid("tool_choice", f"tool_choice names the function {tool_choice.function.name!r}, which is not "
-                                      f"in tools ({', '.join(schemas)})")
+                                      f"in tools ({', '.join(schemas)})", CONFLICTING_FIELDS)
     if choice != "none" and response_format is not None and response_format.type != "text":
         raise _invalid("response_format", "response_format other than text cannot be combined with tools "
-                                          "(unless tool_choice is \"none\")")
+                                          "(unless tool_choice is \"none\")", CONFLICTING_FIELDS)
     dicts = [t.model_dump(exclude_none=True, by_alias=True) for t in tools]
     many = parallel and fmt.parallel
     plan = ToolPlan(dicts, choice, schemas=schemas, max_calls=None if many else 1, format=fmt)
