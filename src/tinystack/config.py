@@ -188,7 +188,7 @@ class ServeConfig(Section):
     port: int = 8000
     model_name: str = ""  # id in /v1/models and responses; "" = the model directory's name
     max_queued_requests: int = 32  # sequences waiting beyond infer.max_num_seqs; more -> 429 at once
-    timeout_s: float = 10.0  # per request (queue + generation); a request may ask for less
+    timeout_s: float = 0.0  # per request (queue + generation); 0: from the measured speed (serve/engine/deadline.py)
     stall_timeout_s: float = 5.0  # no token for this long = the engine stalled
     max_tokens_limit: int = 512
     default_max_tokens: int = 64  # when a request gives none (capped by what fits the context)

@@ -43,6 +43,7 @@ from tinystack.serve.api.openai_schemas import ChatCompletionRequest, ChatMessag
 from tinystack.serve.api.reasoning import prompt_opens_thinking
 from tinystack.serve.api.structured import check_constraint, constraint_of
 from tinystack.serve.api.tools import ToolPlan, plan_tools
+from tinystack.serve.engine.deadline import request_timeout_s
 from tinystack.serve.state import ServerState
 
 GREEDY_BELOW = 1e-5
@@ -142,7 +143,7 @@ def prepare(state: ServerState, prompt: str, *, max_tokens: int | None, n: int =
         params = SamplingParams(max_tokens=max_tokens, stop=stops, **sampling)
     except ValueError as e:
         raise ApiError(400, str(e), "invalid_value") from None
-    timeout_s = min(cfg.timeout_s, timeout) if timeout is not None else cfg.timeout_s
+    timeout_s = request_timeout_s(cfg.timeout_s, cfg.max_tokens_limit, adapter.stats(), len(ids), max_tokens, timeout)
     return Prepared(prompt, ids, params, n, stops, timeout_s)
 
 

@@ -82,6 +82,10 @@ class EngineStats:
     # sequences the engine ended since the server started, by the engine's finish reason
     # ("stop" | "length" | "abort"): what really happened there, whatever the client was told
     ended: dict[str, int] = field(default_factory=dict)
+    # the engine's measured speed (serve/engine/deadline.py's StepMeter; None before any step ran): the slowest of
+    # its recent decode steps, and its slowest recent prefill's seconds per prompt token
+    step_s: float | None = None
+    prefill_s_per_token: float | None = None
 
 
 class EngineAdapter(Protocol):

@@ -36,6 +36,7 @@ from tinystack.serve.engine.adapter import (
     TokenEvent,
     UsageCallback,
 )
+from tinystack.serve.engine.deadline import StepMeter
 
 DRAIN_TIMEOUT_S = 30.0  # an aborted sequence's cost report is waited for this long at most
 
@@ -61,6 +62,8 @@ class AsyncEngineAdapter:
         self._live: dict[str, Any] = {}  # request id -> RequestStream
         self._drains: set[asyncio.Task] = set()  # cost reports of aborted sequences, awaited
         self._ended: Counter[str] = Counter()  # final outputs seen, by the engine's finish reason
+        self._meter = StepMeter()  # the engine's recent speed, for the requests' time limits
+        self.llm.step_listeners.append(self._meter)
 
     # ---------------------------------------------------------------- text
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -134,7 +137,8 @@ class AsyncEngineAdapter:
                            prefix_cache_hits=llm.prefix_cache_hit_tokens,
                            prefix_cache_queries=llm.prefix_cache_query_tokens,
                            spec_proposed_tokens=llm.spec_proposed_tokens,
-                           spec_accepted_tokens=llm.spec_accepted_tokens, ended=dict(self._ended))
+                           spec_accepted_tokens=llm.spec_accepted_tokens, ended=dict(self._ended),
+                           step_s=self._meter.step_s, prefill_s_per_token=self._meter.prefill_s_per_token)
 
     def add_step_listener(self, listener: Callable[[Any], None]) -> Callable[[], None]:
         """Call `listener(StepRecord)` on the engine thread after every step; returns its remover."""

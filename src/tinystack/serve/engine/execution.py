@@ -31,6 +31,7 @@ from tinystack.observe.usage import RequestUsage
 from tinystack.serve.api.errors import SERVER_ERROR, TIMEOUT, ApiError
 from tinystack.serve.api.requests import Prepared
 from tinystack.serve.engine.adapter import EngineBusy, EngineDead, ReplicaLost, TokenEvent
+from tinystack.serve.engine.deadline import request_timeout_s
 from tinystack.serve.engine.generation import (
     DeadlineExceeded,
     Delta,
@@ -160,18 +161,20 @@ async def prompt_events(state: ServerState, ids: list[int], top_n: int | None) -
 async def embed(state: ServerState, inputs: list[list[int]]) -> list[list[float]]:
     """Embeddings of token-id inputs ([serve] embedding_pooling), each computed on the engine between two of its
     steps (so running generations wait for one input at a time, never a whole batch). Raises ApiError: 503 while
-    shutting down or when the engine is dead, 504 past [serve] timeout_s."""
+    shutting down or when the engine is dead, 504 past the time limit (deadline.py: the inputs' prefill)."""
     if state.refusing:
         state.count("rejected_shutdown")
         raise shutting_down("it takes no new requests", "overloaded")
     out = []
+    limit = request_timeout_s(state.cfg.timeout_s, state.cfg.max_tokens_limit, state.adapter.stats(),
+                              sum(len(ids) for ids in inputs), 0)
     try:
-        async with asyncio.timeout(state.cfg.timeout_s):
+        async with asyncio.timeout(limit):
             for ids in inputs:
                 out.append(await state.adapter.embed(ids, state.cfg.embedding_pooling))
     except TimeoutError:
         state.count("timeouts")
-        raise ApiError(504, f"embeddings took longer than {state.cfg.timeout_s:g} s", "timeout", TIMEOUT) from None
+        raise ApiError(504, f"embeddings took longer than {limit:g} s", "timeout", TIMEOUT) from None
     except EngineDead as e:
         raise _unavailable(state, str(e)) from None
     return out

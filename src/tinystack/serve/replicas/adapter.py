@@ -63,6 +63,11 @@ def _lost_replica(e: BaseException) -> bool:
     return isinstance(e, (RayActorError, ActorUnavailableError, grpc.aio.AioRpcError))
 
 
+
+def _slowest(per: Any, key: str) -> float | None:
+    """The slowest replica's measured speed (a request may land on any of them); None before any measured."""
+    return max((s[key] for s in per if s.get(key) is not None), default=None)
+
 class ReplicaAdapter:
     def __init__(self, handle: Any, model_dir: str | Path, *, replicas: int, app_name: str,
                  compile_timeout_s: float, retries: int = 3) -> None:
@@ -126,7 +131,8 @@ class ReplicaAdapter:
                            prefix_cache_hits=sum(s.get("prefix_cache_hits", 0) for s in per),
                            prefix_cache_queries=sum(s.get("prefix_cache_queries", 0) for s in per),
                            spec_proposed_tokens=sum(s.get("spec_proposed_tokens", 0) for s in per),
-                           spec_accepted_tokens=sum(s.get("spec_accepted_tokens", 0) for s in per), ended=ended)
+                           spec_accepted_tokens=sum(s.get("spec_accepted_tokens", 0) for s in per), ended=ended,
+                           step_s=_slowest(per, "step_s"), prefill_s_per_token=_slowest(per, "prefill_s_per_token"))
 
     # ---------------------------------------------------------------- lifecycle
     def is_alive(self) -> bool:

@@ -99,7 +99,8 @@ class EngineReplica:
                 "max_num_seqs": s.max_num_seqs, "preemptions": s.preemptions,
                 "prefix_cache_hits": s.prefix_cache_hits, "prefix_cache_queries": s.prefix_cache_queries,
                 "spec_proposed_tokens": s.spec_proposed_tokens, "spec_accepted_tokens": s.spec_accepted_tokens,
-                "ended": dict(s.ended), "alive": self.adapter.is_alive(), "cached": cached}
+                "ended": dict(s.ended), "alive": self.adapter.is_alive(), "cached": cached,
+                "step_s": s.step_s, "prefill_s_per_token": s.prefill_s_per_token}  # the gateway's time limits
 
     def check_health(self) -> None:
         if not self.adapter.is_alive():
