@@ -6,6 +6,7 @@ server has started, so a client generated from the schema sends what this server
 
     max_tokens, max_completion_tokens, min_tokens   maximum = min(serve.max_tokens_limit, context - 1)
     n                                               maximum = serve.max_n
+    the sampling parameters' bounds                 exactly as their table states them (FastAPI writes floats)
     token ids (schemas.TOKEN_ID_MARK)               maximum = the vocabulary's last id
     logit_bias keys                                 propertyNames: a decimal number of a token id (pattern)
 
@@ -22,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from tinystack.sampling_params import KNOBS, Knob
 from tinystack.serve.api.schemas import TOKEN_ID_MARK
 
 
@@ -49,6 +51,17 @@ def _cap(node: dict[str, Any], maximum: int) -> None:
         _cap(branch, maximum)
 
 
+# FastAPI's OpenAPI model holds bounds as floats: 2**63 - 1 (seed's maximum) comes out as 2**63, which the field
+# refuses. The sampling parameters' bounds are put back exactly from their table (JSON Schema's names for pydantic's)
+_BOUND_KEYWORDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def _exact_bounds(prop: dict[str, Any], knob: Knob) -> None:
+    for branch in [prop, *prop.get("anyOf", [])]:
+        if branch.get("type") in ("integer", "number"):
+            branch.update({_BOUND_KEYWORDS[k]: knob.kind(v) for k, v in knob.bounds.items()})
+
+
 def _fill(node: Any, caps: dict[str, int], last_token: int) -> None:
     if isinstance(node, list):
         for item in node:
@@ -62,6 +75,8 @@ def _fill(node: Any, caps: dict[str, int], last_token: int) -> None:
     elif mark:
         node["maximum"] = last_token
     for name, prop in (node.get("properties") or {}).items():
+        if name in KNOBS and isinstance(prop, dict):
+            _exact_bounds(prop, KNOBS[name])
         if name in caps and isinstance(prop, dict):
             _cap(prop, caps[name])
     for value in node.values():

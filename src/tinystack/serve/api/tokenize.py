@@ -60,6 +60,9 @@ class DetokenizeResponse(BaseModel):
 def tokenize(state: ServerState, body: TokenizeRequest) -> TokenizeResponse:
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "give exactly one of prompt and messages", "invalid_value", param="prompt")
+    if body.continue_final_message and body.add_generation_prompt:  # the schema's rule, whichever is given
+        raise ApiError(400, "continue_final_message and add_generation_prompt exclude each other (set "
+                            "add_generation_prompt to false)", "invalid_value", param="continue_final_message")
     tokenizer = state.adapter.tokenizer
     if body.prompt is not None:
         ids = tokenizer.encode_ordinary(body.prompt)
