@@ -115,8 +115,7 @@ class TrainConfig(Section):
     eval_iters: int = 20
     seed: int = 1337
     backend: Literal["torch", "numpy"] = "torch"  # numpy: the hand-written backward of tinystack.nn
-    # bfloat16: autocast (CPU/CUDA); float16: CUDA + GradScaler; auto: float32 or bf16 autocast, whichever a few
-    # timed steps at the start show faster on this machine (with matching loss); the choice is in the run's result
+    # bfloat16: autocast; float16: CUDA + GradScaler; auto: float32 or bf16, whichever a few timed steps show faster
     dtype: Literal["float32", "bfloat16", "float16", "float64", "auto"] = "float32"
     grad_accum_steps: int = 1  # micro-batches of batch_size per optimiser step (per rank)
     compile: bool = False  # torch.compile the model
@@ -251,8 +250,9 @@ class InferConfig(Section):
     draft_model: str = ""  # speculative="draft": a smaller model directory with the same tokenizer
     prompt_lookup_min: int = 1  # prompt_lookup: n-gram sizes matched, longest first
     prompt_lookup_max: int = 3
-    # structured outputs (infer/structured): a constraint that takes longer to compile is refused (a 400)
-    structured_compile_timeout_s: float = 5.0
+    max_loras: int = 8  # LoRA adapters resident at once (infer/lora.py: mixed per row in one batch)
+    max_lora_rank: int = 64
+    structured_compile_timeout_s: float = 5.0  # longer to compile: refused (a 400)
     structured_fast_forward: bool = True  # append the tokens a constraint forces without sampling them
 
 

@@ -115,7 +115,7 @@ class BlockManager:
         if not self.prefix_caching:
             return
         self.prefix_queries += seq.num_tokens
-        prev = None
+        prev = seq.cache_salt  # a LoRA adapter's blocks never match the base's or another adapter's
         for i in range((seq.num_tokens - 1) // self.block_size):  # leave >= 1 token to compute
             h = block_hash(prev, seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
             b = self.by_hash.get(h)
@@ -174,7 +174,7 @@ class BlockManager:
         bs = self.block_size
         while len(seq.block_hashes) < seq.num_computed // bs:
             i = len(seq.block_hashes)
-            h = block_hash(seq.block_hashes[-1] if i else None, seq.token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(seq.block_hashes[-1] if i else seq.cache_salt, seq.token_ids[i * bs:(i + 1) * bs])
             seq.block_hashes.append(h)
             b = seq.block_table[i]
             if h not in self.by_hash and self.hash_of[b] is None:  # first copy wins; duplicates stay private

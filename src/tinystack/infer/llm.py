@@ -47,16 +47,21 @@ class LLM:
         return SamplingParams(**self._model_sampling)
 
     def generate(self, prompts: str | Sequence[str] | Sequence[list[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of the prompts. No params: the model's
-        defaults (get_default_sampling_params)."""
+        defaults (get_default_sampling_params). `lora`: a loaded adapter's name (engine.add_lora) for every
+        prompt, or one per prompt (None: the base model); rows of different adapters run in the same batches."""
         if isinstance(prompts, str):
             prompts = [prompts]
         params = params or self.get_default_sampling_params()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
-        ids = [self.engine.add_request(None, p, sp).request_id for p, sp in zip(prompts, plist)]
+        loras = list(lora) if isinstance(lora, (list, tuple)) else [lora] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(loras)} LoRA names")
+        ids = [self.engine.add_request(None, p, sp, a).request_id for p, sp, a in zip(prompts, plist, loras)]
         done: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for d in self.engine.step(flush=True):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from itertools import accumulate
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -29,6 +30,7 @@ from tinystack.config import InferConfig
 from tinystack.infer.batcher import DynamicBatcher
 from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.detokenize import detokenize, make_delta, request_output
+from tinystack.infer.lora import AdapterSet, LoRAAdapter
 from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.outputs import RequestOutput, TokenDelta
@@ -85,6 +87,7 @@ class LLMEngine:
         self._counter = 0
         self.counters = EngineCounters()
         self.step_listeners: list[Callable[[StepRecord], None]] = []
+        self.loras: AdapterSet | None = None  # LoRA adapters, made by the first add_lora
 
     def describe(self) -> str:
         """What start-up set up, a line each: the memory budget, the weight arena, the draft model's cache.
@@ -120,11 +123,14 @@ class LLMEngine:
                                      f"tokens, so a prompt may be at most {self.max_seq_len - 1} tokens")
         return ids
 
-    def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
+    def make_sequence(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
+                      lora: str | None = None) -> Sequence:
         """Tokenise and check a request without touching engine state (safe from another thread).
 
         Raises PromptError (see encode_prompt), AdmissionError (with the numbers) if it can
-        never fit the cache, or ValueError for a logit_bias token outside the vocabulary."""
+        never fit the cache, or ValueError for a logit_bias token outside the vocabulary or a LoRA
+        adapter (`lora`, its name) that is not loaded."""
+        lora_key = self._lora_key(lora)
         if request_id is None:
             request_id, self._counter = f"req-{self._counter}", self._counter + 1
         ids = self.encode_prompt(prompt)
@@ -138,7 +144,7 @@ class LLMEngine:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(2**62, ()).item()))
         return Sequence(request_id, prompt if isinstance(prompt, str) else "", ids, params, max_new, gen,
-                        matcher=matcher)
+                        matcher=matcher, lora_name=lora, lora_key=lora_key)
 
     def compile_constraint(self, params: SamplingParams):
         """params.structured_outputs compiled for this engine's tokenizer (cached; GrammarError when it cannot be,
@@ -152,11 +158,43 @@ class LLMEngine:
         self._seqs[seq.request_id] = seq
         self.scheduler.add(seq)
 
-    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams) -> Sequence:
-        """Queue a request (see make_sequence for what is refused)."""
-        seq = self.make_sequence(request_id, prompt, params)
+    def add_request(self, request_id: str | None, prompt: str | list[int], params: SamplingParams,
+                    lora: str | None = None) -> Sequence:
+        """Queue a request (see make_sequence for what is refused); `lora`: the name of a loaded adapter."""
+        seq = self.make_sequence(request_id, prompt, params, lora)
         self.enqueue(seq)
         return seq
+
+    # -- LoRA adapters (infer/lora.py) --
+    def add_lora(self, name: str, adapter: LoRAAdapter | str | Path) -> None:
+        """Load an adapter (a LoRAAdapter, or a PEFT directory) under `name`: requests that name it run with it,
+        batched with every other. ValueError (naming what differs) for one that does not fit this model, or past
+        infer.max_loras / max_lora_rank."""
+        if self.loras is None:
+            if getattr(self.model, "needs_full_sequence", False):
+                raise ValueError("LoRA adapters need the torch runtime")
+            self.loras = self.runner.loras = AdapterSet(self.model, self.config.max_loras, self.config.max_lora_rank)
+        self.loras.add(name, adapter if isinstance(adapter, LoRAAdapter) else LoRAAdapter.load(adapter))
+
+    def remove_lora(self, name: str) -> None:
+        """Unload an adapter; a ValueError while a request still runs with it (it is never cut short)."""
+        if self.loras is None or name not in self.loras.keys:
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        if users := [s.request_id for s in self._seqs.values() if s.lora_name == name]:
+            raise ValueError(f"LoRA adapter {name!r} is in use by {len(users)} request(s); unload it when they end")
+        self.loras.remove(name)
+
+    @property
+    def lora_names(self) -> list[str]:
+        return list(self.loras.keys) if self.loras is not None else []
+
+    def _lora_key(self, name: str | None) -> int:
+        if name is None:
+            return 0
+        if self.loras is None or name not in self.loras.keys:
+            loaded = ", ".join(self.lora_names) or "none"
+            raise ValueError(f"no LoRA adapter named {name!r} is loaded (loaded: {loaded})")
+        return self.loras.keys[name]
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; None if it is unknown or already finished."""

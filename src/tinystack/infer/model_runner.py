@@ -7,9 +7,11 @@
                     -> logits [R, V] at each row's last fed token
 
 Prefill chunks and single-token decodes share one call; only the rows' last
-positions go through the output head. A step of fewer than GEMM_MIN_ROWS tokens (every decode step, speculative
-verification, short prefill chunks) goes to FusedStep where the model allows (fused_step.py: all layers in one
-C++ call, no per-layer Python); the model's forward above stays its reference and runs the long steps.
+positions go through the output head. A step with rows of LoRA adapters (infer/lora.py) runs the model's forward,
+each packed token tagged with its row's adapter, so every projection adds the right delta to the right rows.
+Any other step of fewer than GEMM_MIN_ROWS tokens (every decode step, speculative verification, short prefill
+chunks) goes to FusedStep where the model allows (fused_step.py: all layers in one C++ call, no per-layer Python,
+no adapters); the model's forward above stays its reference and runs the long steps.
 At start-up the runner fuses the model's projections where it can (Llama: QKV and gate/up,
 model.fuse_projections), then moves its weights into one arena of 2 MiB pages with the head column-major
 (weight_arena.py): decode is bound by streaming the weights, and that is where the stream runs fastest.
@@ -21,6 +23,7 @@ import itertools
 import torch
 
 from tinystack.infer.fused_step import FusedStep
+from tinystack.infer.lora import AdapterSet
 from tinystack.infer.paged_cache import BatchView, KVStorage
 from tinystack.infer.sequence import Sequence
 from tinystack.infer.weight_arena import ArenaReport, place_weights
@@ -38,6 +41,7 @@ class ModelRunner:
         self.arena: ArenaReport | None = place_weights(model, hugepages)
         # short steps (decodes, verification, small prefill chunks): every layer in one C++ call (fused_step.py)
         self.fused = FusedStep.build(model, storage, self.device) if fused_step else None
+        self.loras: AdapterSet | None = None  # LoRA adapters, once one is loaded (LLMEngine.add_lora)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]], drafts: list[list[int]] | None = None) -> torch.Tensor:
@@ -53,8 +57,16 @@ class ModelRunner:
         ends = list(itertools.accumulate(lengths))  # row r's tokens end at ends[r] in the packing
         index = [e - 1 - j for e, d in zip(ends, drafts) for j in range(len(d), -1, -1)]
         tables = [seq.block_table for seq, _ in batch]
+        slots = [seq.lora_key for seq, _ in batch]
+        if any(slots) and self.loras is not None:  # rows with LoRA adapters: the model's forward adds their deltas
+            with self.loras.rows([k for k, n in zip(slots, lengths) for _ in range(n)]):
+                return self._forward(ids, tables, starts, lengths, index)
         if self.fused is not None and self.fused.accepts(len(ids)):
             return self.fused.run(ids, tables, starts, lengths, index)
+        return self._forward(ids, tables, starts, lengths, index)
+
+    def _forward(self, ids: list[int], tables: list[list[int]], starts: list[int], lengths: list[int],
+                 index: list[int]) -> torch.Tensor:
         view = BatchView(self.storage, tables, starts, lengths, self.device)
         logits, _ = self.model(torch.tensor([ids], device=self.device), kv_cache=view, positions=view.positions,
                                logit_index=torch.tensor(index, dtype=torch.long, device=self.device))

@@ -50,6 +50,8 @@ class Sequence:
     num_preemptions: int = 0
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival=time.perf_counter()))
     matcher: Matcher | None = None  # params.structured_outputs' state (infer/structured), None when unconstrained
+    lora_name: str | None = None  # the LoRA adapter it runs with (infer/lora.py), None: the base model
+    lora_key: int = 0  # that adapter's key in the engine's AdapterSet (0: the base)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -62,6 +64,11 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def cache_salt(self) -> int | None:
+        """What its first KV block's hash starts from: an adapter's keys and values are its own (block_manager)."""
+        return hash(("lora", self.lora_key)) if self.lora_key else None
 
     @property
     def max_len(self) -> int:

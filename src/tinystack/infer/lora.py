@@ -1,0 +1,224 @@
+"""Many LoRA adapters over one base model, chosen per sequence and mixed in one batch (Punica's idea, hand-built).
+
+An adapter changes a projection W to W + s B A (A [r, in], B [out, r], s = alpha / r). Merging it would need one
+copy of the model per adapter; here the base weights stay shared and each step adds every row's own delta:
+
+    y = x W^T                                         the base product, for all rows of the step at once
+    y[rows of adapter a] += (x[rows] A_a^T) (s B_a)^T  for each adapter a present in the step (SGMV: rows grouped
+                                                      by adapter, two thin products per group and projection)
+
+so a batch holding rows of several adapters (and of the base) is one base product plus small ones, and an
+adapter's memory is its own A and B only (kept in the compute dtype). A fused projection (q/k/v -> qkv_proj,
+gate/up -> gate_up_proj: model/fused_linear.py) keeps one adapter per original projection: its A stacks the
+parts' A [P r, in] and its B is block-diagonal [out, P r], one product for all parts.
+
+    LoRAAdapter.load(path)      PEFT's layout: adapter_config.json (r, lora_alpha, target_modules, use_rslora) and
+                                adapter_model.safetensors (base_model.model.<module>.lora_A.weight / lora_B.weight)
+    AdapterSet(model, max_loras, max_lora_rank)
+        .add(name, adapter)     checked against the model (every module exists, shapes fit, rank <= max_lora_rank,
+                                at most max_loras resident): a ValueError naming what differs; returns its key
+        .remove(name)           (the engine refuses while a sequence uses it)
+        .rows(slots)            context manager for one step: slots[t] = the adapter key of packed token t (0: base)
+
+Each adapter gets a key never used before (1, 2, ...): the prefix cache salts its block hashes with it, so two
+adapters never share cached keys and values, and an adapter loaded again under the same name starts afresh.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+               "c_attn", "c_proj", "c_fc")  # Llama family and GPT-2: what an adapter may target
+
+
+@dataclass
+class LoRAAdapter:
+    """One adapter: module path (the base model's, e.g. model.layers.0.self_attn.q_proj) -> (A [r, in], B [out, r]),
+    and its scale."""
+
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    rank: int
+    scale: float
+    path: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path) -> LoRAAdapter:
+        path = Path(path)
+        if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+            raise ValueError(f"{path}: not a LoRA adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
+        cfg = json.loads((path / CONFIG_FILE).read_text())
+        if cfg.get("peft_type", "LORA") != "LORA":
+            raise ValueError(f"{path}: peft_type {cfg['peft_type']!r}; only LORA adapters are served")
+        rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+        scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
+        tensors = load_file(str(path / WEIGHTS_FILE))
+        weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for key, a in tensors.items():
+            if not key.endswith(".lora_A.weight"):
+                continue
+            module = key.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
+            b = tensors.get(key.replace(".lora_A.", ".lora_B."))
+            if b is None:
+                raise ValueError(f"{path}: {key} has no lora_B beside it")
+            weights[module] = (a, b)
+        if not weights:
+            raise ValueError(f"{path}: no lora_A / lora_B tensors in {WEIGHTS_FILE}")
+        return cls(weights, rank, scale, str(path))
+
+    def save(self, path: str | Path, base_model: str = "") -> None:
+        """PEFT's layout (what `peft.PeftModel.from_pretrained` reads), scale as lora_alpha = scale * r."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        targets = sorted({m.rsplit(".", 1)[-1] for m in self.weights})
+        (path / CONFIG_FILE).write_text(json.dumps({
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.scale * self.rank,
+            "target_modules": targets, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "base_model_name_or_path": base_model}, indent=2))
+        tensors = {}
+        for module, (a, b) in self.weights.items():
+            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.contiguous()
+            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.contiguous()
+        save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+class _Step:
+    """One step's rows: for each adapter key present, the packed token indices that carry it."""
+
+    def __init__(self, slots: Sequence[int], device: torch.device) -> None:
+        groups: dict[int, list[int]] = {}
+        for t, key in enumerate(slots):
+            if key:
+                groups.setdefault(key, []).append(t)
+        self.groups = [(key, torch.tensor(idx, dtype=torch.long, device=device)) for key, idx in groups.items()]
+
+
+class LoRAProjection(nn.Module):
+    """A projection of the base model with the adapters' deltas for the step's rows added (see the module doc).
+    `parts`: (original name, output size) of each projection fused in it, in output order."""
+
+    def __init__(self, base: nn.Module, parts: list[tuple[str, int]], owner: AdapterSet) -> None:
+        super().__init__()
+        self.base, self.parts, self.owner = base, parts, owner
+        self.deltas: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (A [P r, in], s B [out, P r])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        step = self.owner.step
+        if step is None or not self.deltas:
+            return y
+        flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+        for key, idx in step.groups:
+            delta = self.deltas.get(key)
+            if delta is not None:
+                a, sb = delta
+                flat_y.index_add_(0, idx, ((flat_x.index_select(0, idx).to(a.dtype) @ a.T) @ sb.T).to(y.dtype))
+        return y
+
+
+class AdapterSet:
+    """The adapters resident on one model, and the step's rows (see the module doc)."""
+
+    def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int) -> None:
+        self.model, self.max_loras, self.max_lora_rank = model, max_loras, max_lora_rank
+        self.keys: dict[str, int] = {}  # adapter name -> key
+        self.step: _Step | None = None
+        self._next_key = 1
+        self.dtype = next(model.parameters()).dtype if next(model.parameters()).is_floating_point() \
+            else torch.float32
+        self.device = next(model.parameters()).device
+        self.projections = self._wrap(model)  # original module path -> (its LoRAProjection, offset, out, part)
+
+    def _wrap(self, model: nn.Module) -> dict[str, tuple[LoRAProjection, int, int, int]]:
+        where: dict[str, tuple[LoRAProjection, int, int, int]] = {}
+        for path, parent in list(model.named_modules()):
+            fused = getattr(parent, "fused_parts", {})
+            names = [(n, [(n, 0)]) for n, _ in parent.named_children() if n in PROJECTIONS]
+            names += [(f, list(zip(parts, sizes))) for f, (parts, sizes) in fused.items()]
+            for name, parts in names:
+                base = getattr(parent, name)
+                if isinstance(base, LoRAProjection):
+                    continue
+                if len(parts) == 1:
+                    parts = [(name, _out_features(base))]
+                wrapper = LoRAProjection(base, parts, self)
+                setattr(parent, name, wrapper)
+                offset = 0
+                for i, (part, size) in enumerate(parts):
+                    where[f"{path}.{part}" if path else part] = (wrapper, offset, size, i)
+                    offset += size
+        return where
+
+    def add(self, name: str, adapter: LoRAAdapter) -> int:
+        if name in self.keys:
+            raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
+        if len(self.keys) >= self.max_loras:
+            raise ValueError(f"{len(self.keys)} LoRA adapters are loaded, max_loras is {self.max_loras}: unload one")
+        if adapter.rank > self.max_lora_rank:
+            raise ValueError(f"adapter {name!r} has rank {adapter.rank}; max_lora_rank is {self.max_lora_rank}")
+        per_wrapper: dict[LoRAProjection, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        for module, (a, b) in adapter.weights.items():
+            hit = self.projections.get(module)
+            if hit is None:
+                raise ValueError(f"adapter {name!r} targets {module}, which this base model does not have "
+                                 "(an adapter trained for another base?)")
+            wrapper, _, size, part = hit
+            in_features = _in_features(wrapper.base)
+            if a.shape != (adapter.rank, in_features) or b.shape != (size, adapter.rank):
+                raise ValueError(f"adapter {name!r}: {module} has A {tuple(a.shape)} and B {tuple(b.shape)}; this "
+                                 f"base model needs A ({adapter.rank}, {in_features}) and B ({size}, {adapter.rank})")
+            per_wrapper.setdefault(wrapper, {})[part] = (a, b)
+        key, self._next_key = self._next_key, self._next_key + 1
+        for wrapper, parts in per_wrapper.items():
+            wrapper.deltas[key] = self._stack(wrapper, parts, adapter)
+        self.keys[name] = key
+        return key
+
+    def _stack(self, wrapper: LoRAProjection, parts: dict[int, tuple[torch.Tensor, torch.Tensor]],
+               adapter: LoRAAdapter) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A of the parts stacked [P r, in], s B block-diagonal [out, P r]) in the compute dtype."""
+        r, out = adapter.rank, sum(size for _, size in wrapper.parts)
+        order = sorted(parts)
+        a = torch.cat([parts[i][0] for i in order]).to(self.device, self.dtype)
+        sb = torch.zeros(out, r * len(order), device=self.device, dtype=self.dtype)
+        offsets = [sum(size for _, size in wrapper.parts[:i]) for i in range(len(wrapper.parts))]
+        for j, i in enumerate(order):
+            size = wrapper.parts[i][1]
+            sb[offsets[i]:offsets[i] + size, j * r:(j + 1) * r] = adapter.scale * parts[i][1].to(self.device,
+                                                                                                   self.dtype)
+        return a.contiguous(), sb
+
+    def remove(self, name: str) -> None:
+        key = self.keys.pop(name, None)
+        if key is None:
+            raise KeyError(name)
+        for wrapper, *_ in self.projections.values():
+            wrapper.deltas.pop(key, None)
+
+    @contextmanager
+    def rows(self, slots: Sequence[int]) -> Iterator[None]:
+        self.step = _Step(slots, self.device) if any(slots) else None
+        try:
+            yield
+        finally:
+            self.step = None
+
+
+def _out_features(layer: nn.Module) -> int:
+    return int(getattr(layer, "out_features", None) or layer.weight.shape[0])
+
+
+def _in_features(layer: nn.Module) -> int:
+    return int(getattr(layer, "in_features", None) or layer.weight.shape[1])
