@@ -206,7 +206,7 @@ class ServeConfig(Section):
     rate_limit_tpm: float = 0.0  # prompt + max tokens per minute per key (0 = off)
     shutdown_grace_s: float = 10.0  # SIGTERM: in-flight requests get this long to finish
     drain_delay_s: float = 0.0  # SIGTERM: keep accepting (with /ready 503) this long first
-    # observability (tinystack.observe; docs/observe.md)
+    lora_modules: list[str] = field(default_factory=list)  # NAME=PATH: PEFT adapters a request's `model` can name
     price_per_device_hour: float = 0.085  # USD per busy device-hour (default ~ a 2-vCPU cloud instance)
     otel_exporter: Literal["", "console", "otlp"] = ""  # OpenTelemetry spans ("" = off; otlp needs the [otel] extra)
     gc_freeze: bool = True  # gc.freeze() at start-up: the loaded model is never traversed by the collector

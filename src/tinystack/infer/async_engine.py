@@ -85,8 +85,9 @@ class AsyncEngine:
         return cls(LLMEngine(model, tok, config))
 
     # -- caller side (event loop) --
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> RequestStream:
-        seq = self.engine.make_sequence(request_id, prompt, params)
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    lora: str | None = None) -> RequestStream:
+        seq = self.engine.make_sequence(request_id, prompt, params, lora)
         stream = RequestStream(self, request_id, asyncio.get_running_loop())
         with self._cond:
             if request_id in self._streams:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
@@ -78,8 +78,6 @@ class LoRAAdapter:
 
     def save(self, path: str | Path, base_model: str = "") -> None:
         """PEFT's layout (what `peft.PeftModel.from_pretrained` reads), scale as lora_alpha = scale * r."""
-        from safetensors.torch import save_file
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         targets = sorted({m.rsplit(".", 1)[-1] for m in self.weights})

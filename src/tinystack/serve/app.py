@@ -65,6 +65,21 @@ def checked_inputs(cfg: ServeConfig, model_dir: str | Path | None) -> tuple[KeyC
     return keys, sampling_defaults(model_dir) if cfg.model_sampling_defaults else {}
 
 
+def lora_modules(cfg: ServeConfig) -> list[tuple[str, str]]:
+    """[serve] lora_modules ("name=PATH", vLLM's --lora-modules) as (name, path); ValueError for a bad entry."""
+    out: list[tuple[str, str]] = []
+    for entry in cfg.lora_modules:
+        name, sep, path = entry.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"serve.lora_modules: {entry!r} is not NAME=PATH")
+        if not Path(path).is_dir():
+            raise ValueError(f"serve.lora_modules: {path} (for {name!r}) is not a directory")
+        if name in {n for n, _ in out} or name == cfg.model_name:
+            raise ValueError(f"serve.lora_modules: the name {name!r} is given twice")
+        out.append((name, path))
+    return out
+
+
 def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None,
                 inputs: tuple[KeyChecker, dict[str, Any]] | None = None) -> ServerState:
     """The shared objects of one server run (see state.py); `inputs`: checked_inputs' (read here if None)."""
@@ -129,10 +144,16 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
     """
 
     inputs = checked_inputs(cfg, model_dir)  # a bad key file or generation_config.json: a ValueError here
+    loras = lora_modules(cfg)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = build_state(engine, cfg, model_dir, inputs)
+        for name, path in loras:  # on the engine's thread; one that does not fit stops the start, naming it
+            try:
+                await state.adapter.add_lora(name, path)
+            except ValueError as e:
+                raise ValueError(f"serve.lora_modules {name}={path}: {e}") from None
         app.state.server = state
         logger.info("serving %s with %s", state.model_name, state.settings())
         dog = asyncio.create_task(watchdog(state.adapter, cfg.watchdog_interval_s))

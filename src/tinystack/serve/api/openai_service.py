@@ -94,9 +94,11 @@ async def _echo(state: ServerState, prep: Prepared, ids: list[int]) -> tuple[str
     return state.adapter.decode(ids), await prompt_events(state, ids, prep.params.logprobs)
 
 
-def _envelope(state: ServerState, kind: Kind, rid: str, created: int, stream: bool) -> dict[str, Any]:
+def _envelope(state: ServerState, kind: Kind, rid: str, created: int, stream: bool,
+              prep: Prepared) -> dict[str, Any]:
     obj = "text_completion" if kind == "text" else ("chat.completion.chunk" if stream else "chat.completion")
-    return {"id": rid, "object": obj, "created": created, "model": state.model_name, "system_fingerprint": None}
+    return {"id": rid, "object": obj, "created": created, "model": prep.lora or state.model_name,
+            "system_fingerprint": None}
 
 
 def new_id(kind: Kind) -> str:
@@ -129,7 +131,7 @@ async def complete(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestC
             answer.feed(c.text, final=True)
             parsed[i], c.finish_reason = answer.message(), answer.finish_reason(c.finish_reason)
     ctx.finish_reasons = [c.finish_reason or "stop" for c in choices]
-    out = _envelope(state, kind, new_id(kind), int(time.time()), stream=False)
+    out = _envelope(state, kind, new_id(kind), int(time.time()), stream=False, prep=prep)
     out["usage"] = _usage(prep, sum(len(c.tokens) for c in choices), tracker.usage)
     if prep.echo and not degraded:  # each answer starts with its prompt (and its scored tokens)
         echoed = [await _echo(state, prep, ids) for ids in prep.prompts]
@@ -170,7 +172,7 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
         if kind == "chat" and prep.parses_answer else []
 
     def chunk(choices: list[dict[str, Any]], degraded: bool = False, timing: dict | None = None) -> bytes:
-        body = {**_envelope(state, kind, rid, created, stream=True), "choices": choices}
+        body = {**_envelope(state, kind, rid, created, stream=True, prep=prep), "choices": choices}
         if prep.include_usage:
             body["usage"] = None
         if degraded:
@@ -219,7 +221,7 @@ async def stream(state: ServerState, kind: Kind, prep: Prepared, ctx: RequestCon
                                  parsed)], timing=_final_timing(state, ctx, tracker) if last else None)
             offsets[item.index] += len(text)
         if prep.include_usage:
-            yield sse({**_envelope(state, kind, rid, created, stream=True), "choices": [],
+            yield sse({**_envelope(state, kind, rid, created, stream=True, prep=prep), "choices": [],
                        "usage": _usage(prep, completion_tokens, tracker.usage),
                        "timing": _final_timing(state, ctx, tracker)})
     except ApiError as e:

@@ -64,6 +64,7 @@ class Prepared:
     reasoning_opened: bool | None = None  # a thinking template's chat: did the prompt open the block (reasoning.py)
     batch: list[list[int]] = field(default_factory=list)  # a completion of several prompts: each one's ids
     echo: bool = False  # completions: the answer starts with its prompt (and the prompt's logprobs)
+    lora: str | None = None  # the LoRA adapter the body's `model` names (None: the base model)
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -91,6 +92,19 @@ class Prepared:
 
 def _param(name: str, message: str, status: int = 400, code: str = "invalid_value") -> ApiError:
     return ApiError(status, message, code, param=name)
+
+
+def lora_of(state: ServerState, model: str | None) -> str | None:
+    """The LoRA adapter a body's `model` names, None for the base. A server without adapters answers any `model`
+    with its one model (as before); one with adapters takes the base's name or an adapter's, else a 404."""
+    names = state.adapter.lora_names()
+    if model is not None and model in names:
+        return model
+    if names and model is not None and model != state.model_name:
+        served = ", ".join([state.model_name, *names])
+        raise ApiError(404, f"the model {model!r} does not exist here (served: {served})", "model_not_found",
+                       param="model")
+    return None
 
 
 def template_error(e: ChatTemplateError) -> ApiError:
@@ -229,7 +243,10 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
         if prep.choices > state.gate.capacity:  # it could never be admitted: not a 429 to retry
             raise _param("prompt", f"{len(preps)} prompts x n = {prep.choices} sequences; this server runs or "
                                    f"queues at most {state.gate.capacity}", code=TOO_MANY_SEQUENCES)
-    prep.echo = body.echo
+    prep.echo, prep.lora = body.echo, lora_of(state, body.model)
+    if prep.echo and prep.params.logprobs is not None and prep.lora is not None:
+        raise _param("echo", "echo with logprobs scores the prompt with the base model only, not with a LoRA "
+                             "adapter", code=CONFLICTING_FIELDS)
     check_constraint(state, prep.params, param or "structured_outputs")
     return _streaming(prep, body)
 
@@ -256,6 +273,7 @@ def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepared:
                    **_common(state, body))
     check_constraint(state, prep.params, param or "structured_outputs")
     prep.tools = plan if plan is not None and plan.parse else None
+    prep.lora = lora_of(state, body.model)
     prep.reasoning_opened = prompt_opens_thinking(prompt) if state.chat.reasoning else None
     return _streaming(prep, body)
 

@@ -66,6 +66,9 @@ def ready(state: ServerState) -> tuple[dict[str, Any], int]:
 
 
 def models(state: ServerState) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.created,
-                                        "owned_by": "tinystack", "max_model_len": state.adapter.max_seq_len,
-                                        "lineage": state.lineage}]}
+    base = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "tinystack",
+            "max_model_len": state.adapter.max_seq_len, "lineage": state.lineage}
+    adapters = [{"id": name, "object": "model", "created": state.created, "owned_by": "tinystack",
+                 "max_model_len": state.adapter.max_seq_len, "parent": state.model_name, "root": name}
+                for name in state.adapter.lora_names()]  # LoRA adapters over the base (vLLM's shape)
+    return {"object": "list", "data": [base, *adapters]}

@@ -149,8 +149,15 @@ class AsyncEngineAdapter:
         if request_id in self._live:
             self.engine.abort(request_id)
 
+    def lora_names(self) -> list[str]:
+        return self.llm.lora_names
+
+    async def add_lora(self, name: str, path: str) -> None:
+        """Load a PEFT adapter on the engine thread (between two steps); ValueError when it does not fit."""
+        await self.engine.call(lambda engine: engine.add_lora(name, path))
+
     async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                     on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]:
+                     on_usage: UsageCallback | None = None, lora: str | None = None) -> AsyncIterator[TokenEvent]:
         def report(usage: SequenceUsage) -> None:
             if usage.finish_reason is not None:  # the engine's final output: the sequence ended there
                 self._ended[usage.finish_reason] += 1
@@ -162,8 +169,8 @@ class AsyncEngineAdapter:
             report(_usage(request_id, n, None))
             raise EngineDead("engine loop is not running")
         try:
-            stream = self.engine.add_request(request_id, list(prompt_ids), params)
-        except (PromptError, AdmissionError) as e:
+            stream = self.engine.add_request(request_id, list(prompt_ids), params, lora)
+        except (PromptError, AdmissionError, ValueError) as e:  # ValueError: its LoRA adapter was just unloaded
             report(_usage(request_id, n, None))
             raise RequestRejected(str(e)) from None
         self._live[request_id] = stream

@@ -105,7 +105,7 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
     try:
         deltas = generate(state.adapter, prep.prompts, prep.params, n=prep.n, stops=prep.stops,
                           deadline=loop.time() + prep.timeout_s, stall_timeout_s=cfg.stall_timeout_s, usage=usage,
-                          stop=state.cut_signal())
+                          stop=state.cut_signal(), lora=prep.lora)
         try:
             async for delta in deltas:
                 yield delta

@@ -62,13 +62,13 @@ class Delta:
 
 async def _run_choice(adapter: EngineAdapter, request_id: str, index: int, prompt_ids: list[int],
                       params: SamplingParams, stops: Sequence[str], out: asyncio.Queue,
-                      usage: RequestUsage | None, started: list[bool]) -> None:
+                      usage: RequestUsage | None, started: list[bool], lora: str | None) -> None:
     started[index] = True  # no suspension from here to the adapter's stream body: it will report usage
     text = IncrementalText(adapter.decode, stops)
     count = 0
     try:
         async with aclosing(adapter.stream(request_id, prompt_ids, params,
-                                           usage.add if usage is not None else None)) as tokens:
+                                           usage.add if usage is not None else None, lora=lora)) as tokens:
             async for event in tokens:
                 count += 1
                 delta = text.push(event.token_id)
@@ -110,10 +110,11 @@ async def _get_within(queue: asyncio.Queue, timeout: float, stop: asyncio.Future
 
 async def generate(adapter: EngineAdapter, prompts: Sequence[list[int]], params: SamplingParams, *, n: int = 1,
                    stops: Sequence[str] = (), deadline: float, stall_timeout_s: float,
-                   usage: RequestUsage | None = None, stop: asyncio.Future | None = None) -> AsyncIterator[Delta]:
+                   usage: RequestUsage | None = None, stop: asyncio.Future | None = None,
+                   lora: str | None = None) -> AsyncIterator[Delta]:
     """Deltas of the n choices of every prompt (choice c answers prompts[c // n]; see the module docstring).
     `deadline` is on the loop's clock. `usage` expects a report per choice; each choice's adapter stream
-    delivers one. `stop` done: ServerStopping."""
+    delivers one. `stop` done: ServerStopping. `lora`: the LoRA adapter every choice runs with (None: the base)."""
     loop = asyncio.get_running_loop()
     base = uuid.uuid4().hex
     total = len(prompts) * n
@@ -126,7 +127,7 @@ async def generate(adapter: EngineAdapter, prompts: Sequence[list[int]], params:
     for i, rid in enumerate(ids):
         p = params if params.seed is None else replace(params, seed=params.seed + i % n)
         tasks.append(asyncio.create_task(_run_choice(adapter, rid, i, prompts[i // n], p, stops, queue, usage,
-                                                     started)))
+                                                     started, lora)))
     finished = 0
     try:
         while finished < total:

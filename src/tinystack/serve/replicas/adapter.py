@@ -193,8 +193,14 @@ class ReplicaAdapter:
             handle = self._streaming[loop] = base.options(stream=True, _by_reference=False)
         return handle
 
+    def lora_names(self) -> list[str]:
+        return []  # LoRA adapters are served by one process only, so far
+
+    async def add_lora(self, name: str, path: str) -> None:
+        raise ValueError("serve.lora_modules: LoRA adapters are not served through replicas yet (serve.replicas 1)")
+
     async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                     on_usage: UsageCallback | None = None) -> AsyncIterator[TokenEvent]:
+                     on_usage: UsageCallback | None = None, lora: str | None = None) -> AsyncIterator[TokenEvent]:
         from ray.serve.exceptions import BackPressureError
 
         hashes = prompt_block_hashes(prompt_ids, self.block_size)

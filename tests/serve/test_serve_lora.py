@@ -1,0 +1,90 @@
+"""LoRA adapters served by name from one engine ([serve] lora_modules, vLLM's --lora-modules): /v1/models lists the
+base and each adapter (with its parent); a request's `model` picks one; concurrent requests for 3 adapters and
+the base, batched together, answer what each adapter's merged model answers, token for token; an unknown name
+is a 404 in the OpenAI error shape; a bad entry stops the start with one line naming it."""
+import copy
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from serve_helpers import PROMPT, tiny_gpt
+
+from tinystack.config import InferConfig, ServeConfig
+from tinystack.infer import LLM, AsyncEngine, LLMEngine
+from tinystack.infer.lora import LoRAAdapter
+from tinystack.sampling_params import SamplingParams
+from tinystack.serve import create_app
+
+TARGETS = {"attn": ("c_attn",), "mlp": ("c_fc", "c_proj"), "all": ("c_attn", "c_proj", "c_fc")}
+PROMPTS = [PROMPT, "the list of items", "return the"]
+
+
+def _adapter(base, targets, seed: int, rank: int = 4) -> LoRAAdapter:
+    g = torch.Generator().manual_seed(seed)
+    weights = {path: (torch.randn(rank, m.weight.shape[1], generator=g) * 0.5,
+                      torch.randn(m.weight.shape[0], rank, generator=g) * 0.5)
+               for path, m in base.named_modules() if path.rsplit(".", 1)[-1] in targets and hasattr(m, "weight")}
+    return LoRAAdapter(weights, rank, 2.0)
+
+
+def _merged_tokens(base, adapter, tokenizer) -> list[list[int]]:
+    model = copy.deepcopy(base)
+    with torch.no_grad():
+        for path, (a, b) in (adapter.weights if adapter else {}).items():
+            model.get_submodule(path).weight += adapter.scale * b @ a
+    llm = LLM(model, tokenizer, weight_format="float32", memory_limit_mb=128)
+    return [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))]
+
+
+@pytest.fixture
+def lora_server(serve, tokenizer, tmp_path):
+    base = tiny_gpt(tokenizer)
+    adapters = {name: _adapter(base, targets, i) for i, (name, targets) in enumerate(TARGETS.items())}
+    for name, adapter in adapters.items():
+        adapter.save(tmp_path / name)
+    engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(max_num_seqs=16, num_kv_blocks=64,
+                                                                               weight_format="float32")))
+    try:
+        yield serve(engine, model_name="base", lora_modules=[f"{n}={tmp_path / n}" for n in adapters]), base, adapters
+    finally:
+        engine.shutdown()
+
+
+def test_models_lists_the_adapters_and_each_answers_as_its_merged_model(lora_server, tokenizer):
+    served, base, adapters = lora_server
+    models = httpx.get(f"{served.url}/v1/models", timeout=10).json()["data"]
+    assert [m["id"] for m in models] == ["base", *adapters]
+    assert all(m["parent"] == "base" for m in models[1:]) and "parent" not in models[0]
+    expected = {name: _merged_tokens(base, adapters.get(name), tokenizer) for name in ["base", *adapters]}
+    assert all(expected[name] != expected["base"] for name in adapters)  # each adapter changes the answer
+    asks = [(name, i) for _ in range(2) for name in ["base", *adapters] for i in range(len(PROMPTS))]
+
+    def ask(job):
+        name, i = job
+        r = httpx.post(f"{served.url}/v1/completions", timeout=60, json={
+            "model": name, "prompt": PROMPTS[i], "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["model"] == name, r.text
+        return r.json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(len(asks)) as pool:  # all at once: rows of every adapter share the engine's batches
+        texts = list(pool.map(ask, asks))
+    assert texts == [tokenizer.decode(expected[name][i]) for name, i in asks]
+
+
+def test_an_unknown_model_is_a_404_and_the_base_answers_to_its_name(lora_server):
+    served, *_ = lora_server
+    r = httpx.post(f"{served.url}/v1/chat/completions", timeout=30, json={
+        "model": "nope", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["code"] == "model_not_found" and r.json()["error"]["param"] == "model"
+    assert "nope" in r.json()["error"]["message"] and "attn" in r.json()["error"]["message"]
+    for model in ("base", None):
+        body = {"prompt": PROMPT, "max_tokens": 2, **({"model": model} if model else {})}
+        assert httpx.post(f"{served.url}/v1/completions", timeout=30, json=body).status_code == 200
+
+
+def test_a_bad_lora_module_entry_is_one_line(async_engine, tmp_path):
+    for entry, message in [("noequals", "is not NAME=PATH"), (f"x={tmp_path / 'missing'}", "is not a directory")]:
+        with pytest.raises(ValueError, match=message):
+            create_app(async_engine, ServeConfig(lora_modules=[entry]))
