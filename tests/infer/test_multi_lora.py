@@ -9,8 +9,8 @@ import torch
 from infer_helpers import VOCAB, ToyTokenizer
 
 from tinystack.infer import LLM
-from tinystack.infer.lora import LoRAAdapter
 from tinystack.model.llama import Llama, LlamaConfig
+from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)

@@ -12,7 +12,7 @@ from serve_helpers import PROMPT, tiny_gpt
 
 from tinystack.config import InferConfig, ServeConfig
 from tinystack.infer import LLM, AsyncEngine, LLMEngine
-from tinystack.infer.lora import LoRAAdapter
+from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.sampling_params import SamplingParams
 from tinystack.serve import create_app
 

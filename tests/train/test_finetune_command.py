@@ -153,3 +153,21 @@ def test_regression_gate_on_a_finetuned_llama(tmp_path, data):
     assert res.exit_code == 0, res.output
     rows = json.loads((tmp_path / "gate2.json").read_text())["rows"]
     assert len(rows) == len(held_out) and all(r["new"] != r["baseline"] for r in rows)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_lora_fine_tune_writes_its_adapter_which_serves_beside_the_base_as_the_merged_model(tmp_path, data, kind):
+    from tinystack.model.lora_adapter import LoRAAdapter
+
+    base, out = model_dir(tmp_path / "base", kind), tmp_path / "tuned"
+    report = finetune(base, data, out, load_config(None, [*FAST, "finetune.lora=4"], defaults=FINETUNE_DEFAULTS),
+                      progress=False)
+    adapter = LoRAAdapter.load(report["adapter"])  # PEFT's layout, in OUT_finetune/adapter
+    assert adapter.rank == 4 and len(adapter.weights) >= 2 * 4  # fused q/k/v parts under their own names
+    prompts = ["what is the capital", "who"]
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    merged = [o.token_ids for o in LLM(out, weight_format="float32", memory_limit_mb=64).generate(prompts, greedy)]
+    served = LLM(base, weight_format="float32", memory_limit_mb=64)
+    served.engine.add_lora("tuned", report["adapter"])
+    assert [o.token_ids for o in served.generate(prompts, greedy, lora="tuned")] == merged
+    assert [o.token_ids for o in served.generate(prompts, greedy)] != merged  # the base alone answers otherwise

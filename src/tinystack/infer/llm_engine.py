@@ -30,7 +30,7 @@ from tinystack.config import InferConfig
 from tinystack.infer.batcher import DynamicBatcher
 from tinystack.infer.block_manager import BlockManager
 from tinystack.infer.detokenize import detokenize, make_delta, request_output
-from tinystack.infer.lora import AdapterSet, LoRAAdapter
+from tinystack.infer.lora import AdapterSet
 from tinystack.infer.memory import MemoryBudget, plan_memory
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.outputs import RequestOutput, TokenDelta
@@ -41,6 +41,7 @@ from tinystack.infer.sequence import Sequence
 from tinystack.infer.speculative import build_speculator
 from tinystack.infer.step_stats import EngineCounters, StepRecord
 from tinystack.infer.structured import BatchMasker, Matcher, compile_grammar
+from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.sampling_params import SamplingParams, is_greedy
 
 

@@ -12,8 +12,7 @@ adapter's memory is its own A and B only (kept in the compute dtype). A fused pr
 gate/up -> gate_up_proj: model/fused_linear.py) keeps one adapter per original projection: its A stacks the
 parts' A [P r, in] and its B is block-diagonal [out, P r], one product for all parts.
 
-    LoRAAdapter.load(path)      PEFT's layout: adapter_config.json (r, lora_alpha, target_modules, use_rslora) and
-                                adapter_model.safetensors (base_model.model.<module>.lora_A.weight / lora_B.weight)
+    LoRAAdapter                 an adapter's weights, in PEFT's layout on disk (model/lora_adapter.py)
     AdapterSet(model, max_loras, max_lora_rank)
         .add(name, adapter)     checked against the model (every module exists, shapes fit, rank <= max_lora_rank,
                                 at most max_loras resident): a ValueError naming what differs; returns its key
@@ -25,71 +24,16 @@ adapters never share cached keys and values, and an adapter loaded again under t
 """
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."
+from tinystack.model.lora_adapter import LoRAAdapter
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                "c_attn", "c_proj", "c_fc")  # Llama family and GPT-2: what an adapter may target
-
-
-@dataclass
-class LoRAAdapter:
-    """One adapter: module path (the base model's, e.g. model.layers.0.self_attn.q_proj) -> (A [r, in], B [out, r]),
-    and its scale."""
-
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    rank: int
-    scale: float
-    path: str = ""
-
-    @classmethod
-    def load(cls, path: str | Path) -> LoRAAdapter:
-        path = Path(path)
-        if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-            raise ValueError(f"{path}: not a LoRA adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-        cfg = json.loads((path / CONFIG_FILE).read_text())
-        if cfg.get("peft_type", "LORA") != "LORA":
-            raise ValueError(f"{path}: peft_type {cfg['peft_type']!r}; only LORA adapters are served")
-        rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
-        scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-        tensors = load_file(str(path / WEIGHTS_FILE))
-        weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for key, a in tensors.items():
-            if not key.endswith(".lora_A.weight"):
-                continue
-            module = key.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
-            b = tensors.get(key.replace(".lora_A.", ".lora_B."))
-            if b is None:
-                raise ValueError(f"{path}: {key} has no lora_B beside it")
-            weights[module] = (a, b)
-        if not weights:
-            raise ValueError(f"{path}: no lora_A / lora_B tensors in {WEIGHTS_FILE}")
-        return cls(weights, rank, scale, str(path))
-
-    def save(self, path: str | Path, base_model: str = "") -> None:
-        """PEFT's layout (what `peft.PeftModel.from_pretrained` reads), scale as lora_alpha = scale * r."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        targets = sorted({m.rsplit(".", 1)[-1] for m in self.weights})
-        (path / CONFIG_FILE).write_text(json.dumps({
-            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.scale * self.rank,
-            "target_modules": targets, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-            "use_rslora": False, "base_model_name_or_path": base_model}, indent=2))
-        tensors = {}
-        for module, (a, b) in self.weights.items():
-            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.contiguous()
-            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = b.contiguous()
-        save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
 
 
 class _Step:

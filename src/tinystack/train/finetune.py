@@ -24,7 +24,8 @@ The defaults (config.FINETUNE_DEFAULTS) are LoRA with the schedule from the data
 finetune.epochs passes, the learning rate by method, held-out loss twice an epoch with early stopping, the best
 weights kept.
 
-Beside OUT, in OUT_finetune/: train.jsonl and val.jsonl (the prepared conversations),
+Beside OUT, in OUT_finetune/: adapter/ (with LoRA: the adapters unmerged, in PEFT's layout, to serve beside the
+base with `serve --lora-modules`), train.jsonl and val.jsonl (the prepared conversations),
 rejected.jsonl, log.jsonl (+ loss.png), checkpoints/, report.json, and regression.jsonl: chat cases from the
 held-out conversations for `tinystack eval regress --model OUT --baseline BASE --cases ...`.
 """
@@ -58,7 +59,7 @@ from tinystack.train.finetune_batches import ConversationBatches, encode_convers
 from tinystack.train.finetune_data import prepare_conversations
 from tinystack.train.guard import ForgettingError, ForgettingGuard
 from tinystack.train.loop import train_model
-from tinystack.train.lora import inject_lora, merge_lora
+from tinystack.train.lora import extract_adapter, inject_lora, merge_lora
 from tinystack.train.planned_linear import plan_linears, unplan_linears
 from tinystack.train.plot import plot_loss_curve
 from tinystack.train.precision import autocast
@@ -182,6 +183,7 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
                                     log_path=work / "log.jsonl" if main else None, ckpt_dir=work / "checkpoints",
                                     resume=resume)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        adapter = extract_adapter(model) if ft.lora > 0 else None  # unmerged, for serving beside the base
         model = merge_lora(model).float().eval()
         unplan_linears(model)  # an ordinary module again: scored, guarded and saved as inference loads it
         heldout = heldout_comparison(model, base_dir, val_batches, result.dtype, cfg.run.device, len(val_ex))
@@ -193,12 +195,15 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         "method": f"lora r={ft.lora}" if ft.lora > 0 else "full", "trainable_params": trainable,
         "schedule": {k: getattr(tcfg, k) for k in ("max_iters", "learning_rate", "min_lr", "eval_interval")},
         "result": result.to_dict(), "heldout": heldout, "retention": kept,
-        "rejected": "; ".join(kept["reasons"]) if rejected else None}
+        "rejected": "; ".join(kept["reasons"]) if rejected else None,
+        "adapter": str(work / "adapter") if adapter is not None else None}
     if not main:
         return report
     lineage = {**read_lineage(base_dir), "finetune": {**report, "config": dataclasses.asdict(ft),
                                                       "train": dataclasses.asdict(tcfg)}}
     save_model_dir(model, TokenizerFiles(base_dir, tok.eos_token_id), out_dir, lineage)
+    if adapter is not None:  # PEFT's layout: `tinystack serve --model BASE --lora-modules NAME=this`
+        adapter.save(work / "adapter", base_model=str(base_dir))
     write_json(work / "report.json", report)
     cases = heldout_cases(prep.val, tok, cfg.eval.regression_cases, max_len)
     if cases:

@@ -13,6 +13,8 @@ instead of in * out.
     merge_lora(model)                          each LoRALinear -> a plain nn.Linear with
                                                W + (alpha / r) * B @ A: the model directory
                                                written afterwards is an ordinary one
+    extract_adapter(model)                     the adapters unmerged, as a LoRAAdapter (PEFT's layout
+                                               on disk: model/lora_adapter.py), for serving beside the base
 
 Fused projections (model/fused_linear.py: q/k/v -> qkv_proj, gate/up -> gate_up_proj, which the trainer applies
 before injecting) keep one adapter per original projection: A stacks the parts' A matrices [P r, in] and the
@@ -42,6 +44,7 @@ float32 master stays the weight: `merged()` and the saved model use it, never th
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -52,6 +55,7 @@ from torch import nn
 from tinystack.config import FinetuneConfig
 from tinystack.kernels import lora_amx
 from tinystack.kernels.matmul_plan import linear_ops, row_parts
+from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.train.kept_cast import compute_dtype, kept_cast
 
 # [finetune] lora_targets: the attention and MLP projections of both families (GPT-2: c_attn, c_proj,
@@ -303,6 +307,29 @@ def merge_lora(model: nn.Module) -> nn.Module:
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, getattr(parent, child).merged())
     return model
+
+
+def extract_adapter(model: nn.Module) -> LoRAAdapter:
+    """The model's LoRALinear adapters as one LoRAAdapter (PEFT's module names: a fused layer's parts under the
+    names of the projections they were), unmerged: what the server loads beside the base (infer/lora.py)."""
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    rank, scale = 0, 1.0
+    for name, m in model.named_modules():
+        if not isinstance(m, LoRALinear):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        names = list(getattr(parent, "fused_parts", {}).get(child, ([child], []))[0])
+        offsets = list(itertools.accumulate([0, *getattr(parent, "fused_parts", {}).get(child, ([], []))[1]]))
+        a, b, r = m.lora_A.detach().float(), m.lora_B.detach().float(), m.rank
+        for j, (row, size, b_row) in enumerate(m.parts.spans):
+            part = names[offsets.index(row)] if len(names) > 1 else child
+            path = f"{parent_name}.{part}" if parent_name else part
+            weights[path] = (a[j * r:(j + 1) * r].clone(), b[b_row:b_row + size].clone())
+        rank, scale = r, m.scale
+    if not weights:
+        raise ValueError("the model has no LoRA adapters to extract")
+    return LoRAAdapter(weights, rank, scale)
 
 
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
