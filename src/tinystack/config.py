@@ -207,13 +207,13 @@ class ServeConfig(Section):
     shutdown_grace_s: float = 10.0  # SIGTERM: in-flight requests get this long to finish
     drain_delay_s: float = 0.0  # SIGTERM: keep accepting (with /ready 503) this long first
     lora_modules: list[str] = field(default_factory=list)  # NAME=PATH: PEFT adapters a request's `model` can name
+    admin_key_env: str = "TINYSTACK_ADMIN_KEYS"  # keys of the admin routes (LoRA load/unload); none set: they are off
     price_per_device_hour: float = 0.085  # USD per busy device-hour (default ~ a 2-vCPU cloud instance)
     otel_exporter: Literal["", "console", "otlp"] = ""  # OpenTelemetry spans ("" = off; otlp needs the [otel] extra)
     gc_freeze: bool = True  # gc.freeze() at start-up: the loaded model is never traversed by the collector
     loop_lag_interval_s: float = 0.1  # event-loop lag probe period (0 = off)
     log_text: bool = False  # prompts and outputs in the request log (tinystack serve)
-    # replicas (serve/replicas; docs/serve.md): replicas > 1 or a ray_cluster serves through Ray Serve, this
-    # server being the gateway in front (auth, limits, validation once; [dist] extra)
+    # replicas > 1 or a ray_cluster: Ray Serve replicas behind this server as gateway (serve/replicas; [dist] extra)
     replicas: int = 1  # engine replicas, each its own engine, KV cache and memory budget
     ray_cluster: str = ""  # Ray address: "" = start a local cluster; "auto" = join the one `ray start --head` runs
     routing: Literal["prefix", "least_loaded", "round_robin"] = "prefix"  # how the gateway picks a replica

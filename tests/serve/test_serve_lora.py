@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from serve_helpers import PROMPT, tiny_gpt
+from serve_helpers import PROMPT, FaultyModel, tiny_gpt
 
 from tinystack.config import InferConfig, ServeConfig
 from tinystack.infer import LLM, AsyncEngine, LLMEngine
@@ -88,3 +88,49 @@ def test_a_bad_lora_module_entry_is_one_line(async_engine, tmp_path):
     for entry, message in [("noequals", "is not NAME=PATH"), (f"x={tmp_path / 'missing'}", "is not a directory")]:
         with pytest.raises(ValueError, match=message):
             create_app(async_engine, ServeConfig(lora_modules=[entry]))
+
+
+def test_adapters_load_and_unload_at_run_time_behind_the_admin_key(serve, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("TEST_ADMIN_KEYS", "s3cret")
+    slow = FaultyModel(tiny_gpt(tokenizer))  # each step sleeps delay_s: a request that runs while it is unloaded
+    _adapter(slow, TARGETS["all"], 7).save(tmp_path / "late")
+    engine = AsyncEngine(LLMEngine(copy.deepcopy(slow), tokenizer, InferConfig(max_num_seqs=4, num_kv_blocks=64)))
+    admin = {"authorization": "Bearer s3cret"}
+    try:
+        url = serve(engine, model_name="base", admin_key_env="TEST_ADMIN_KEYS").url
+        load = {"lora_name": "late", "lora_path": str(tmp_path / "late")}
+        assert httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=30).status_code == 401
+        assert httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=30,
+                          headers={"authorization": "Bearer nope"}).status_code == 401
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=30, headers=admin)
+        assert r.status_code == 200 and r.json()["status"] == "loaded", r.text
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]] == ["base", "late"]
+        again = httpx.post(f"{url}/v1/load_lora_adapter", json=load, timeout=30, headers=admin)
+        assert again.status_code == 400 and "taken" in again.json()["error"]["message"]
+        bad = httpx.post(f"{url}/v1/load_lora_adapter", headers=admin, timeout=30,
+                         json={"lora_name": "x", "lora_path": str(tmp_path)})
+        assert bad.status_code == 400 and "not a LoRA adapter directory" in bad.json()["error"]["message"]
+
+        engine.engine.model.delay_s = 0.02
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60, json={
+                "model": "late", "prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "stream": True}) as s:
+            events = s.iter_lines()
+            next(events)  # the request runs with the adapter: unloading it now is refused, not a cut
+            busy = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=30, headers=admin)
+            assert busy.status_code == 409 and busy.json()["error"]["code"] == "adapter_in_use", busy.text
+            lines = [line for line in events if line]
+        assert lines[-1] == "data: [DONE]" and all('"error"' not in line for line in lines)
+        done = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=30, headers=admin)
+        assert done.status_code == 200, done.text
+        gone = httpx.post(f"{url}/v1/completions", json={"model": "late", "prompt": PROMPT}, timeout=30)
+        assert gone.status_code == 200  # no adapters left: any model name is the base again
+        assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "late"}, timeout=30,
+                          headers=admin).status_code == 404
+    finally:
+        engine.shutdown()
+
+
+def test_without_admin_keys_the_admin_routes_are_off(serve, async_engine):
+    url = serve(async_engine, admin_key_env="TEST_NO_SUCH_VAR").url
+    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"}, timeout=10)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_routes_off"

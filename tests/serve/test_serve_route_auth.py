@@ -7,7 +7,7 @@ import httpx
 import pytest
 from fastapi import APIRouter
 
-from tinystack.serve.api.deps import OPEN_ROUTES, PROBE_ROUTES
+from tinystack.serve.api.deps import ADMIN_ROUTES, OPEN_ROUTES, PROBE_ROUTES
 
 try:  # FastAPI >= 0.16x keeps an included router as one entry of app.routes: this lists the routes inside
     from fastapi.routing import iter_route_contexts
@@ -35,7 +35,8 @@ def _refused(r: httpx.Response) -> bool:
 @pytest.mark.parametrize("open_health", [True, False])
 def test_every_route_needs_a_key_or_is_on_the_open_list(serve, engine, monkeypatch, open_health):
     monkeypatch.setenv("TEST_KEYS", "k1")
-    served = serve(engine, api_key_env="TEST_KEYS", open_health=open_health)
+    monkeypatch.setenv("TEST_ADMIN_KEYS", "a1")
+    served = serve(engine, api_key_env="TEST_KEYS", open_health=open_health, admin_key_env="TEST_ADMIN_KEYS")
     paths = {route.path for route in iter_route_contexts(served.app.routes)}
     assert OPEN_ROUTES | PROBE_ROUTES <= paths  # the open list names routes that exist, nothing stale
     open_paths = OPEN_ROUTES | (PROBE_ROUTES if open_health else frozenset())
@@ -43,7 +44,10 @@ def test_every_route_needs_a_key_or_is_on_the_open_list(serve, engine, monkeypat
     with httpx.Client(base_url=served.url, timeout=10) as c:
         for method, path, route_path in _calls(served.app):
             anonymous = c.request(method, path)
-            keyed = c.request(method, path, headers=KEY)
+            if route_path in ADMIN_ROUTES:  # the admin keys, not the API keys (deps.require_admin)
+                assert _refused(c.request(method, path, headers=KEY)), (method, path)
+            keyed = c.request(method, path, headers={"Authorization": "Bearer a1"} if route_path in ADMIN_ROUTES
+                              else KEY)
             assert keyed.status_code != 401, (method, path)  # the key is all the refusal was about
             if route_path in open_paths:
                 assert anonymous.status_code == keyed.status_code == 200, (method, path, anonymous.text)

@@ -36,12 +36,20 @@ class LoRAAdapter:
         path = Path(path)
         if not (path / CONFIG_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
             raise ValueError(f"{path}: not a LoRA adapter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-        cfg = json.loads((path / CONFIG_FILE).read_text())
+        try:
+            cfg = json.loads((path / CONFIG_FILE).read_text())
+            rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+            if rank < 1:
+                raise ValueError(f"r = {rank}")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path / CONFIG_FILE}: not a LoRA adapter config ({e!r})") from None
         if cfg.get("peft_type", "LORA") != "LORA":
             raise ValueError(f"{path}: peft_type {cfg['peft_type']!r}; only LORA adapters are served")
-        rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
         scale = alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
-        tensors = load_file(str(path / WEIGHTS_FILE))
+        try:
+            tensors = load_file(str(path / WEIGHTS_FILE))
+        except Exception as e:  # safetensors' own error type: a truncated or foreign file
+            raise ValueError(f"{path / WEIGHTS_FILE}: not a readable safetensors file ({e})") from None
         weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for key, a in tensors.items():
             if not key.endswith(".lora_A.weight"):

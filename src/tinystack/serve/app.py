@@ -90,7 +90,8 @@ def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = No
     return ServerState(cfg=cfg, adapter=adapter, gate=AdmissionGate(adapter.max_num_seqs, queued),
                        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
                        limiter=make_limiter(cfg),
-                       keys=keys, chat=chat_formatter(model_dir, adapter.tokenizer), model_name=name,
+                       keys=keys, admin=KeyChecker(load_key_hashes(cfg.admin_key_env, "")),
+                       chat=chat_formatter(model_dir, adapter.tokenizer), model_name=name,
                        lineage=served_lineage(model_dir), sampling_defaults=defaults)
 
 

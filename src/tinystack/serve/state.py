@@ -39,6 +39,7 @@ class ServerState:
     breaker: CircuitBreaker
     limiter: RateLimiter
     keys: KeyChecker
+    admin: KeyChecker  # the admin routes' keys ([serve] admin_key_env; none: the routes answer 403)
     chat: ChatFormatter
     model_name: str
     lineage: dict[str, Any] = field(default_factory=dict)  # the served model's tinystack.json (+ registry entry)

@@ -43,12 +43,26 @@ OPEN_ROUTES = frozenset({"/", "/dashboard", "/ui/{name}", "/openapi.json", "/doc
 PROBE_ROUTES = frozenset({"/health", "/ready", "/metrics", "/metrics.json"})
 
 
+# The admin routes check their own keys ([serve] admin_key_env: require_admin), not the API keys.
+ADMIN_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+
+
+async def require_admin(request: Request, state: State) -> None:
+    """403 when no admin key is configured (the routes are off), 401 without a valid one."""
+    if not state.admin.enabled:
+        raise ApiError(403, f"the admin routes are off: set admin keys in ${state.cfg.admin_key_env}",
+                       "admin_routes_off", AUTH_ERROR)
+    if state.admin.identify(request.headers.get("authorization")) is None:
+        raise ApiError(401, "missing or invalid admin key (send Authorization: Bearer <admin key>)",
+                       "invalid_api_key", AUTH_ERROR, headers={"WWW-Authenticate": "Bearer"})
+
+
 async def authenticate(request: Request) -> None:
     """401 unless the request carries a valid key (when keys are configured) or its route is open; the key's id
     goes to the request's context (log line, cost metrics, rate limits: `caller`)."""
     route = request.scope.get("route")
     path = getattr(route, "path", None)
-    if path in OPEN_ROUTES:  # before get_state: the pages load even while the server starts or stops
+    if path in OPEN_ROUTES or path in ADMIN_ROUTES:  # before get_state: the pages load while the server starts
         return
     state = await get_state(request)
     if not state.keys.enabled or (path in PROBE_ROUTES and state.cfg.open_health):

@@ -3,7 +3,8 @@
     POST /generate               native endpoint (the foundation's; kept)
     POST /v1/completions         OpenAI completions, whole or streamed (SSE)
     POST /v1/chat/completions    OpenAI chat completions, whole or streamed (SSE)
-    GET  /v1/models              the one model served
+    GET  /v1/models              the model served, and its LoRA adapters (with their parent)
+    POST /v1/load_lora_adapter  /v1/unload_lora_adapter   LoRA adapters at run time (admin keys; lora_admin.py)
     POST /v1/embeddings          OpenAI embeddings: the model's hidden states pooled (embeddings.py)
     POST /tokenize  /detokenize  the ids a prompt or chat runs as, and back (vLLM's; tokenize.py)
     GET  /health  /ready            open unless cfg.open_health is false
@@ -19,12 +20,12 @@ from __future__ import annotations
 import time
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tinystack.observe.metrics import CONTENT_TYPE
-from tinystack.serve.api import embeddings, openai_service, service, tokenize
-from tinystack.serve.api.deps import Caller, Context, State, Validated
+from tinystack.serve.api import embeddings, lora_admin, openai_service, service, tokenize
+from tinystack.serve.api.deps import Caller, Context, State, Validated, require_admin
 from tinystack.serve.api.errors import ApiError
 from tinystack.serve.api.exact_json import ExactJsonRoute
 from tinystack.serve.api.openai_schemas import ChatCompletionRequest, CompletionRequest
@@ -150,6 +151,19 @@ async def tokenize_prompt(body: tokenize.TokenizeRequest, state: State) -> Any:
 async def detokenize_ids(body: tokenize.DetokenizeRequest, state: State) -> Any:
     """The text of token ids."""
     return await prepare_off_loop(tokenize.detokenize, state, body, len(body.tokens))
+
+
+@router.post("/v1/load_lora_adapter", dependencies=[Depends(require_admin)], responses={**_ERRORS, 403: _ERRORS[401]})
+async def load_lora_adapter(body: lora_admin.LoadLoRARequest, state: State) -> dict[str, str]:
+    """Load a PEFT LoRA adapter under a name requests can give as `model` (admin key)."""
+    return await lora_admin.load(state, body)
+
+
+@router.post("/v1/unload_lora_adapter", dependencies=[Depends(require_admin)],
+             responses={**_ERRORS, 403: _ERRORS[401], 404: _ERRORS[401], 409: _ERRORS[401]})
+async def unload_lora_adapter(body: lora_admin.UnloadLoRARequest, state: State) -> dict[str, str]:
+    """Unload an adapter; 409 while requests run with it (admin key)."""
+    return await lora_admin.unload(state, body)
 
 
 @router.get("/v1/models", responses=_ERRORS)

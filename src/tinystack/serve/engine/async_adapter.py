@@ -156,6 +156,10 @@ class AsyncEngineAdapter:
         """Load a PEFT adapter on the engine thread (between two steps); ValueError when it does not fit."""
         await self.engine.call(lambda engine: engine.add_lora(name, path))
 
+    async def remove_lora(self, name: str) -> None:
+        """Unload an adapter on the engine thread; ValueError while a request still runs with it."""
+        await self.engine.call(lambda engine: engine.remove_lora(name))
+
     async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      on_usage: UsageCallback | None = None, lora: str | None = None) -> AsyncIterator[TokenEvent]:
         def report(usage: SequenceUsage) -> None:

@@ -199,6 +199,9 @@ class ReplicaAdapter:
     async def add_lora(self, name: str, path: str) -> None:
         raise ValueError("serve.lora_modules: LoRA adapters are not served through replicas yet (serve.replicas 1)")
 
+    async def remove_lora(self, name: str) -> None:
+        raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+
     async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      on_usage: UsageCallback | None = None, lora: str | None = None) -> AsyncIterator[TokenEvent]:
         from ray.serve.exceptions import BackPressureError
