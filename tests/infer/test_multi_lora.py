@@ -83,6 +83,10 @@ def test_each_adapters_tokens_equal_its_merged_model_in_mixed_batches(adapters):
     for (a, i), tokens in zip(rows, got):
         assert tokens == expected[a][i], (a, i)
     assert llm.engine.prefix_cache_hit_tokens >= hits + 64  # the same adapter (qv) did reuse its 4 blocks
+    # two of the three resident adapters in a batch (the projections' stacks cut to those two), evenly or not
+    for rows in ([("mlp", 1), ("qv", 2), ("mlp", 2), ("qv", 1)], [("all", 0), ("mlp", 1), ("mlp", 2), ("all", 2)]):
+        got = _tokens(llm.generate([prompts[i] for _, i in rows], GREEDY, lora=[a for a, _ in rows]))
+        assert got == [expected[a][i] for a, i in rows], rows
 
 
 def test_an_adapter_that_does_not_fit_is_refused_naming_what_differs(adapters):

@@ -4,8 +4,10 @@ An adapter changes a projection W to W + s B A (A [r, in], B [out, r], s = alpha
 copy of the model per adapter; here the base weights stay shared and each step adds every row's own delta:
 
     y = x W^T                                         the base product, for all rows of the step at once
-    y[rows of adapter a] += (x[rows] A_a^T) (s B_a)^T  for each adapter a present in the step (SGMV: rows grouped
-                                                      by adapter, two thin products per group and projection)
+    y[rows of adapter a] += (x[rows] A_a^T) (s B_a)^T  for each adapter a present in the step: rows grouped by
+                                                      adapter and padded into one batch [adapters, rows, in], two
+                                                      batched products per projection (Punica's SGMV); groups too
+                                                      uneven to pad (a long prefill beside decodes): per group
 
 so a batch holding rows of several adapters (and of the base) is one base product plus small ones, and an
 adapter's memory is its own A and B only (kept in the compute dtype). A fused projection (q/k/v -> qkv_proj,
@@ -37,14 +39,26 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 class _Step:
-    """One step's rows: for each adapter key present, the packed token indices that carry it."""
+    """One step's rows, grouped by adapter (the keys present, and the packed token indices of each), and, when the
+    groups are about even, the same as one padded batch: gather [K, M] (row indices, T = a zero row for padding)
+    for K present adapters of at most M rows each, so each projection adds every delta in two batched products."""
 
-    def __init__(self, slots: Sequence[int], device: torch.device) -> None:
+    def __init__(self, slots: Sequence[int], resident: list[int], device: torch.device) -> None:
         groups: dict[int, list[int]] = {}
         for t, key in enumerate(slots):
             if key:
                 groups.setdefault(key, []).append(t)
         self.groups = [(key, torch.tensor(idx, dtype=torch.long, device=device)) for key, idx in groups.items()]
+        self.gather: torch.Tensor | None = None
+        widest, rows = max(len(v) for v in groups.values()), sum(len(v) for v in groups.values())
+        if len(groups) > 1 and len(groups) * widest <= 2 * rows:  # padding at most doubles the small products
+            t = len(slots)
+            present = sorted(groups, key=resident.index)
+            self.positions = [resident.index(k) for k in present]  # into the projections' stacks
+            self.all_resident = len(present) == len(resident)
+            pad = [groups[k] + [t] * (widest - len(groups[k])) for k in present]
+            self.gather = torch.tensor(pad, dtype=torch.long, device=device)
+            self.scatter = torch.where(self.gather == t, 0, self.gather).reshape(-1)  # a pad adds zeros to row 0
 
 
 class LoRAProjection(nn.Module):
@@ -55,6 +69,22 @@ class LoRAProjection(nn.Module):
         super().__init__()
         self.base, self.parts, self.owner = base, parts, owner
         self.deltas: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (A [P r, in], s B [out, P r])
+        self._stack: tuple[torch.Tensor, torch.Tensor] | None = None  # every resident adapter's, padded
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A [K, R, in], s B [K, out, R]) of the K resident adapters in the set's order, zero-padded to the widest
+        R (an adapter that does not adapt this projection: zeros); rebuilt after an adapter comes or goes."""
+        if self._stack is None:
+            keys, out, in_f = self.owner.resident, sum(size for _, size in self.parts), _in_features(self.base)
+            width = max([d[0].shape[0] for d in self.deltas.values()], default=1)
+            a = torch.zeros(len(keys), width, in_f, dtype=self.owner.dtype, device=self.owner.device)
+            sb = torch.zeros(len(keys), out, width, dtype=self.owner.dtype, device=self.owner.device)
+            for k, key in enumerate(keys):
+                if key in self.deltas:
+                    da, dsb = self.deltas[key]
+                    a[k, :da.shape[0]], sb[k, :, :da.shape[0]] = da, dsb
+            self._stack = (a, sb)
+        return self._stack
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -62,7 +92,16 @@ class LoRAProjection(nn.Module):
         if step is None or not self.deltas:
             return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        for key, idx in step.groups:
+        if step.gather is not None:  # every adapter's rows at once: two batched products, whatever their number
+            a, sb = self.stacked()
+            if not step.all_resident:
+                index = torch.tensor(step.positions, device=a.device)
+                a, sb = a.index_select(0, index), sb.index_select(0, index)
+            xs = torch.cat([flat_x, flat_x.new_zeros(1, flat_x.shape[1])])[step.gather].to(a.dtype)  # [K, M, in]
+            delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), sb.transpose(1, 2))  # [K, M, out]
+            flat_y.index_add_(0, step.scatter, delta.reshape(-1, flat_y.shape[1]).to(y.dtype))
+            return y
+        for key, idx in step.groups:  # one adapter, or groups too uneven to pad: each group's own products
             delta = self.deltas.get(key)
             if delta is not None:
                 a, sb = delta
@@ -76,6 +115,7 @@ class AdapterSet:
     def __init__(self, model: nn.Module, max_loras: int, max_lora_rank: int) -> None:
         self.model, self.max_loras, self.max_lora_rank = model, max_loras, max_lora_rank
         self.keys: dict[str, int] = {}  # adapter name -> key
+        self.resident: list[int] = []  # the keys, in load order: the projections' stacks follow it
         self.step: _Step | None = None
         self._next_key = 1
         self.dtype = next(model.parameters()).dtype if next(model.parameters()).is_floating_point() \
@@ -126,7 +166,13 @@ class AdapterSet:
         for wrapper, parts in per_wrapper.items():
             wrapper.deltas[key] = self._stack(wrapper, parts, adapter)
         self.keys[name] = key
+        self.resident.append(key)
+        self._restack()
         return key
+
+    def _restack(self) -> None:
+        for wrapper, *_ in self.projections.values():
+            wrapper._stack = None
 
     def _stack(self, wrapper: LoRAProjection, parts: dict[int, tuple[torch.Tensor, torch.Tensor]],
                adapter: LoRAAdapter) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,10 +194,12 @@ class AdapterSet:
             raise KeyError(name)
         for wrapper, *_ in self.projections.values():
             wrapper.deltas.pop(key, None)
+        self.resident.remove(key)
+        self._restack()
 
     @contextmanager
     def rows(self, slots: Sequence[int]) -> Iterator[None]:
-        self.step = _Step(slots, self.device) if any(slots) else None
+        self.step = _Step(slots, self.resident, self.device) if any(slots) else None
         try:
             yield
         finally:

@@ -1,0 +1,103 @@
+"""Many LoRA adapters from one engine (infer/lora.py) on SmolLM2-135M-Instruct: 16 concurrent requests spread over
+1, 4 and 16 rank-8 adapters on every projection, against the same 16 on the base alone, in one engine and one run,
+trials interleaved (median). Prints and writes aggregate output tokens/s, TPOT, and the resident bytes each
+adapter adds; and the alternative it replaces: the same requests answered by separate merged models, one per
+adapter, on the same cores (their processes would share the cores: at best one merged model's batch-1 speed).
+
+    .venv/bin/python benchmarks/bench_lora_serve.py --model DIR [--trials 3] [--max-tokens 64]
+    -> benchmarks/results/lora_serve.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_common import RESULTS, finish, machine
+
+from tinystack.infer import LLM, SamplingParams
+from tinystack.model.lora_adapter import LoRAAdapter
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROMPTS = [f"Write a short note about topic number {i}: the weather, a city, a meal." for i in range(16)]
+
+
+def random_adapter(model: torch.nn.Module, rank: int, seed: int) -> LoRAAdapter:
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for path, m in model.named_modules():
+        if path.rsplit(".", 1)[-1] in TARGETS and hasattr(m, "weight"):
+            out_f, in_f = m.weight.shape
+            weights[path] = (torch.randn(rank, in_f, generator=g) / in_f ** 0.5,
+                             torch.randn(out_f, rank, generator=g) * 0.01)
+    return LoRAAdapter(weights, rank, 2.0)
+
+
+def run(llm: LLM, loras: list[str | None], max_tokens: int) -> dict[str, float]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate(PROMPTS, params, lora=loras)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in outs)
+    tpot = statistics.median(o.metrics.decode_s / max(1, len(o.token_ids) - 1) for o in outs)
+    return {"tokens_per_s": tokens / wall, "tpot_ms": tpot * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rank", type=int, default=8)
+    args = ap.parse_args()
+    from tinystack.model.io import load_model
+
+    plain = load_model(args.model)  # the unfused module names, as PEFT writes them
+    adapters = [random_adapter(plain, args.rank, seed) for seed in range(16)]
+    del plain
+    llm = LLM(args.model, max_num_seqs=16, max_loras=16)  # the server's default weight format ("auto")
+    import resource
+
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with tempfile.TemporaryDirectory() as d:
+        files = []
+        for i, a in enumerate(adapters):
+            a.save(Path(d) / f"a{i}")
+            files.append(sum(f.stat().st_size for f in (Path(d) / f"a{i}").iterdir()))
+            llm.engine.add_lora(f"a{i}", Path(d) / f"a{i}")
+    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cases = {"base": [None] * 16, "1 adapter": ["a0"] * 16, "4 adapters": [f"a{i % 4}" for i in range(16)],
+             "16 adapters": [f"a{i}" for i in range(16)], "single request (merged-model process bound)": None}
+    run(llm, [None] * 16, 8)  # warm-up: kernels, KV pages
+    run(llm, [f"a{i}" for i in range(16)], 8)
+    trials: dict[str, list[dict[str, float]]] = {k: [] for k in cases}
+    for t in range(args.trials):
+        order = list(cases) if t % 2 == 0 else list(reversed(cases))
+        for name in order:
+            if cases[name] is None:  # one request alone: what one of N merged-model processes gets at best
+                params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+                t0 = time.perf_counter()
+                out = llm.generate(PROMPTS[:1], params)[0]
+                trials[name].append({"tokens_per_s": len(out.token_ids) / (time.perf_counter() - t0),
+                                     "tpot_ms": out.metrics.decode_s / max(1, len(out.token_ids) - 1) * 1e3})
+            else:
+                trials[name].append(run(llm, cases[name], args.max_tokens))
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("tokens_per_s", "tpot_ms")} for k, v in trials.items()}
+    base = med["base"]["tokens_per_s"]
+    res = {"model": args.model, "rank": args.rank, "max_tokens": args.max_tokens, "trials": args.trials,
+           "median": med, "vs_base": {k: v["tokens_per_s"] / base for k, v in med.items()},
+           "adapter_file_bytes": statistics.median(files),
+           "resident_bytes_per_adapter_maxrss": (rss1 - rss0) * 1024 / 16, "machine": machine()}
+    finish(res)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "lora_serve.json").write_text(json.dumps(res, indent=2))
+    print(json.dumps({k: res[k] for k in ("median", "vs_base", "adapter_file_bytes",
+                                          "resident_bytes_per_adapter_maxrss")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
