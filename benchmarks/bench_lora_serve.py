@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import RESULTS, finish, machine
 
+from bench_common import RESULTS, finish, machine
 from tinystack.infer import LLM, SamplingParams
 from tinystack.model.lora_adapter import LoRAAdapter
 
