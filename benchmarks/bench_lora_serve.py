@@ -1,7 +1,7 @@
 """Many LoRA adapters from one engine (infer/lora.py) on SmolLM2-135M-Instruct: 16 concurrent requests spread over
 1, 4 and 16 rank-8 adapters on every projection, against the same 16 on the base alone, in one engine and one run,
-trials interleaved (median). Prints and writes aggregate output tokens/s, TPOT, and the resident bytes each
-adapter adds; and the alternative it replaces: the same requests answered by separate merged models, one per
+trials interleaved (median). Prints and writes aggregate output tokens/s, TPOT, and the bytes each adapter holds
+(its stacked weights, against its file); and the alternative it replaces: the same requests answered by separate merged models, one per
 adapter, on the same cores (their processes would share the cores: at best one merged model's batch-1 speed).
 
     .venv/bin/python benchmarks/bench_lora_serve.py --model DIR [--trials 3] [--max-tokens 64]
@@ -60,16 +60,14 @@ def main() -> None:
     adapters = [random_adapter(plain, args.rank, seed) for seed in range(16)]
     del plain
     llm = LLM(args.model, max_num_seqs=16, max_loras=16)  # the server's default weight format ("auto")
-    import resource
-
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with tempfile.TemporaryDirectory() as d:
         files = []
         for i, a in enumerate(adapters):
             a.save(Path(d) / f"a{i}")
             files.append(sum(f.stat().st_size for f in (Path(d) / f"a{i}").iterdir()))
             llm.engine.add_lora(f"a{i}", Path(d) / f"a{i}")
-    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    stacks = {hit[0] for hit in llm.engine.loras.projections.values() if hit[0].stack is not None}
+    resident = sum(t.nbytes for w in stacks for t in w.stack)  # every adapter's weights, held once (padded stacks)
     cases = {"base": [None] * 16, "1 adapter": ["a0"] * 16, "4 adapters": [f"a{i % 4}" for i in range(16)],
              "16 adapters": [f"a{i}" for i in range(16)], "single request (merged-model process bound)": None}
     run(llm, [None] * 16, 8)  # warm-up: kernels, KV pages
@@ -91,12 +89,12 @@ def main() -> None:
     res = {"model": args.model, "rank": args.rank, "max_tokens": args.max_tokens, "trials": args.trials,
            "median": med, "vs_base": {k: v["tokens_per_s"] / base for k, v in med.items()},
            "adapter_file_bytes": statistics.median(files),
-           "resident_bytes_per_adapter_maxrss": (rss1 - rss0) * 1024 / 16, "machine": machine()}
+           "resident_bytes_per_adapter": resident / 16, "machine": machine()}
     finish(res)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "lora_serve.json").write_text(json.dumps(res, indent=2))
     print(json.dumps({k: res[k] for k in ("median", "vs_base", "adapter_file_bytes",
-                                          "resident_bytes_per_adapter_maxrss")}, indent=2))
+                                          "resident_bytes_per_adapter")}, indent=2))
 
 
 if __name__ == "__main__":

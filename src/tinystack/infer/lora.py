@@ -69,22 +69,23 @@ class LoRAProjection(nn.Module):
         super().__init__()
         self.base, self.parts, self.owner = base, parts, owner
         self.deltas: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (A [P r, in], s B [out, P r])
-        self._stack: tuple[torch.Tensor, torch.Tensor] | None = None  # every resident adapter's, padded
+        self.stack: tuple[torch.Tensor, torch.Tensor] | None = None  # every resident adapter's, padded (restack)
 
-    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A [K, R, in], s B [K, out, R]) of the K resident adapters in the set's order, zero-padded to the widest
-        R (an adapter that does not adapt this projection: zeros); rebuilt after an adapter comes or goes."""
-        if self._stack is None:
-            keys, out, in_f = self.owner.resident, sum(size for _, size in self.parts), _in_features(self.base)
-            width = max([d[0].shape[0] for d in self.deltas.values()], default=1)
-            a = torch.zeros(len(keys), width, in_f, dtype=self.owner.dtype, device=self.owner.device)
-            sb = torch.zeros(len(keys), out, width, dtype=self.owner.dtype, device=self.owner.device)
-            for k, key in enumerate(keys):
-                if key in self.deltas:
-                    da, dsb = self.deltas[key]
-                    a[k, :da.shape[0]], sb[k, :, :da.shape[0]] = da, dsb
-            self._stack = (a, sb)
-        return self._stack
+    def restack(self, keys: list[int]) -> None:
+        """Stack the resident adapters `keys` (the set's order): A [K, R, in], s B [K, out, R], zero-padded to the
+        widest R (an adapter that does not adapt this projection: zeros). Each adapter's own (A, s B) then become
+        views into the stack, so its weights are held once."""
+        out, in_f = sum(size for _, size in self.parts), _in_features(self.base)
+        width = max([d[0].shape[0] for d in self.deltas.values()], default=1)
+        a = torch.zeros(len(keys), width, in_f, dtype=self.owner.dtype, device=self.owner.device)
+        sb = torch.zeros(len(keys), out, width, dtype=self.owner.dtype, device=self.owner.device)
+        for k, key in enumerate(keys):
+            if key in self.deltas:
+                da, dsb = self.deltas[key]
+                w = da.shape[0]
+                a[k, :w], sb[k, :, :w] = da, dsb
+                self.deltas[key] = (a[k, :w], sb[k, :, :w])
+        self.stack = (a, sb) if self.deltas else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -93,7 +94,7 @@ class LoRAProjection(nn.Module):
             return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
         if step.gather is not None:  # every adapter's rows at once: two batched products, whatever their number
-            a, sb = self.stacked()
+            a, sb = self.stack
             if not step.all_resident:
                 index = torch.tensor(step.positions, device=a.device)
                 a, sb = a.index_select(0, index), sb.index_select(0, index)
@@ -171,8 +172,8 @@ class AdapterSet:
         return key
 
     def _restack(self) -> None:
-        for wrapper, *_ in self.projections.values():
-            wrapper._stack = None
+        for wrapper in {hit[0] for hit in self.projections.values()}:
+            wrapper.restack(self.resident)
 
     def _stack(self, wrapper: LoRAProjection, parts: dict[int, tuple[torch.Tensor, torch.Tensor]],
                adapter: LoRAAdapter) -> tuple[torch.Tensor, torch.Tensor]:
