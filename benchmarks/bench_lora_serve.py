@@ -1,8 +1,9 @@
 """Many LoRA adapters from one engine (infer/lora.py) on SmolLM2-135M-Instruct: 16 concurrent requests spread over
 1, 4 and 16 rank-8 adapters on every projection, against the same 16 on the base alone, in one engine and one run,
 trials interleaved (median). Prints and writes aggregate output tokens/s, TPOT, and the bytes each adapter holds
-(its stacked weights, against its file); and the alternative it replaces: the same requests answered by separate merged models, one per
-adapter, on the same cores (their processes would share the cores: at best one merged model's batch-1 speed).
+(its stacked weights, against its file); and the alternative it replaces: the same requests answered by
+separate merged models, one per adapter, on the same cores (their processes would share the cores: at best one
+merged model's batch-1 speed).
 
     .venv/bin/python benchmarks/bench_lora_serve.py --model DIR [--trials 3] [--max-tokens 64]
     -> benchmarks/results/lora_serve.json
