@@ -156,8 +156,9 @@ def test_generated_valid_instances_agree_with_llguidance_direct(tok, llguidance_
     """hypothesis-jsonschema instances of a few schema shapes: our path (our tokenizer bridge, our masks) accepts
     exactly what llguidance driven directly accepts, and accepts every instance but three kinds llguidance refuses
     by its own rules: characters outside Unicode's planes 0-2 (e.g. U+40000), DEL (U+007F) unescaped in a string
-    (JSON allows it; llguidance counts it a control character), and exponent notation in a number with bounds (1e-3 for a number in [-5, 5]; docs/infer.md lists both). Keys in the schema's
-    order: a constrained object is generated in the order its schema lists the properties (docs/infer.md)."""
+    (JSON allows it; llguidance counts it a control character), and exponent notation in a number with bounds
+    (1e-3 for a number in [-5, 5]; docs/infer.md lists them). Keys in the schema's order: a constrained object is
+    generated in the order its schema lists the properties (docs/infer.md)."""
     schema = data.draw(st.sampled_from(SHAPES))
     instance = in_schema_order(data.draw(from_schema(schema)), schema)
     grammar = compile_grammar(StructuredOutputs(json=schema), tok, 5)
