@@ -54,8 +54,8 @@ class _Step:
         if len(groups) > 1 and len(groups) * widest <= 2 * rows:  # padding at most doubles the small products
             t = len(slots)
             present = sorted(groups, key=resident.index)
-            self.positions = [resident.index(k) for k in present]  # into the projections' stacks
             self.all_resident = len(present) == len(resident)
+            self.positions = torch.tensor([resident.index(k) for k in present], device=device)  # into the stacks
             pad = [groups[k] + [t] * (widest - len(groups[k])) for k in present]
             self.gather = torch.tensor(pad, dtype=torch.long, device=device)
             self.scatter = torch.where(self.gather == t, 0, self.gather).reshape(-1)  # a pad adds zeros to row 0
@@ -96,8 +96,7 @@ class LoRAProjection(nn.Module):
         if step.gather is not None:  # every adapter's rows at once: two batched products, whatever their number
             a, sb = self.stack
             if not step.all_resident:
-                index = torch.tensor(step.positions, device=a.device)
-                a, sb = a.index_select(0, index), sb.index_select(0, index)
+                a, sb = a.index_select(0, step.positions), sb.index_select(0, step.positions)
             xs = torch.cat([flat_x, flat_x.new_zeros(1, flat_x.shape[1])])[step.gather].to(a.dtype)  # [K, M, in]
             delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), sb.transpose(1, 2))  # [K, M, out]
             flat_y.index_add_(0, step.scatter, delta.reshape(-1, flat_y.shape[1]).to(y.dtype))
