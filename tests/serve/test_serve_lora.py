@@ -3,9 +3,11 @@ base and each adapter (with its parent); a request's `model` picks one; concurre
 the base, batched together, answer what each adapter's merged model answers, token for token; an unknown name
 is a 404 in the OpenAI error shape; a bad entry stops the start with one line naming it."""
 import copy
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 import torch
 from serve_helpers import PROMPT, FaultyModel, tiny_gpt
@@ -134,3 +136,82 @@ def test_without_admin_keys_the_admin_routes_are_off(serve, async_engine):
     url = serve(async_engine, admin_key_env="TEST_NO_SUCH_VAR").url
     r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"}, timeout=10)
     assert r.status_code == 403 and r.json()["error"]["code"] == "admin_routes_off"
+
+
+def test_the_openai_client_picks_adapters_by_model(lora_server, tokenizer):
+    served, base, adapters = lora_server
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == ["base", *adapters]
+    texts = {name: client.completions.create(model=name, prompt=PROMPTS[0], max_tokens=8, temperature=0,
+                                             extra_body={"ignore_eos": True}).choices[0].text
+             for name in ["base", *adapters]}
+    assert texts == {name: tokenizer.decode(_merged_tokens(base, adapters.get(name), tokenizer)[0])
+                     for name in texts}
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="typo", prompt=PROMPTS[0], max_tokens=2)
+
+
+def test_bad_adapters_through_the_admin_route_are_400s_naming_why(serve, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("TEST_ADMIN_KEYS", "s3cret")
+    base = tiny_gpt(tokenizer)
+    engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(num_kv_blocks=64, max_loras=2,
+                                                                               max_lora_rank=8)))
+    try:
+        url = serve(engine, admin_key_env="TEST_ADMIN_KEYS").url
+        _adapter(base, TARGETS["all"], 1).save(tmp_path / "ok")
+        _adapter(base, TARGETS["all"], 2, rank=16).save(tmp_path / "wide")
+        (tmp_path / "broken").mkdir()
+        (tmp_path / "broken" / "adapter_config.json").write_text("{not json")
+        (tmp_path / "broken" / "adapter_model.safetensors").write_bytes(b"junk")
+        cases = [("wide", "max_lora_rank is 8"), ("broken", "not a LoRA adapter config"), ("ok", None),
+                 ("ok", None), ("ok", "max_loras is 2")]
+        for i, (name, message) in enumerate(cases):
+            r = httpx.post(f"{url}/v1/load_lora_adapter", timeout=30, headers={"authorization": "Bearer s3cret"},
+                           json={"lora_name": f"{name}{i}", "lora_path": str(tmp_path / name)})
+            if message is None:
+                assert r.status_code == 200, r.text
+            else:
+                assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    finally:
+        engine.shutdown()
+
+
+def test_loading_and_unloading_under_traffic_fails_nothing_and_leaks_no_blocks(serve, tokenizer, tmp_path,
+                                                                               monkeypatch):
+    monkeypatch.setenv("TEST_ADMIN_KEYS", "s3cret")
+    base = tiny_gpt(tokenizer)
+    for name in ("steady", "churn"):
+        _adapter(base, TARGETS["all"], len(name)).save(tmp_path / name)
+    engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(max_num_seqs=8, num_kv_blocks=64)))
+    admin = {"authorization": "Bearer s3cret"}
+    try:
+        served = serve(engine, model_name="base", admin_key_env="TEST_ADMIN_KEYS",
+                       lora_modules=[f"steady={tmp_path / 'steady'}"])
+        stop, results = threading.Event(), []
+
+        def traffic(i: int) -> None:
+            while not stop.is_set():
+                r = httpx.post(f"{served.url}/v1/completions", timeout=60, json={
+                    "model": ["base", "steady"][i % 2], "prompt": f"{PROMPT} {i}", "max_tokens": 6})
+                results.append(r.status_code)
+
+        threads = [threading.Thread(target=traffic, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        churned = 0
+        for _ in range(10):  # an adapter nobody asks for comes and goes while the others run
+            body = {"lora_name": "churn", "lora_path": str(tmp_path / "churn")}
+            assert httpx.post(f"{served.url}/v1/load_lora_adapter", json=body, headers=admin,
+                              timeout=30).status_code == 200
+            r = httpx.post(f"{served.url}/v1/unload_lora_adapter", json={"lora_name": "churn"}, headers=admin,
+                           timeout=30)
+            churned += r.status_code == 200
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert churned == 10 and results and set(results) == {200}, set(results)
+        stats = served.state.adapter.stats()
+        assert stats.running == stats.waiting == stats.kv_bytes_in_use == 0  # every block given back
+    finally:
+        engine.shutdown()
