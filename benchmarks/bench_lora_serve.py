@@ -5,7 +5,7 @@ trials interleaved (median). Prints and writes aggregate output tokens/s, TPOT, 
 separate merged models, one per adapter, on the same cores (their processes would share the cores: at best one
 merged model's batch-1 speed).
 
-    .venv/bin/python benchmarks/bench_lora_serve.py --model DIR [--trials 3] [--max-tokens 64]
+    .venv/bin/python benchmarks/bench_lora_serve.py --model DIR [--trials 3] [--max-tokens 64] [--compare-paths]
     -> benchmarks/results/lora_serve.json
 """
 from __future__ import annotations
@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--compare-paths", action="store_true", help="16 adapters: the batched products vs one pair "
+                                                                 "of products per adapter (what the padding buys)")
     args = ap.parse_args()
     from tinystack.model.io import load_model
 
@@ -85,6 +87,21 @@ def main() -> None:
                                      "tpot_ms": out.metrics.decode_s / max(1, len(out.token_ids) - 1) * 1e3})
             else:
                 trials[name].append(run(llm, cases[name], args.max_tokens))
+    if args.compare_paths:  # the same 16-adapter batch with the padded batch turned off: per-group products only
+        from tinystack.infer import lora
+
+        batched_step = lora._Step.__init__
+
+        def per_group(self, slots, resident, device):
+            batched_step(self, slots, resident, device)
+            self.gather = None
+
+        trials["16 adapters, per-group products"] = []
+        for _ in range(args.trials):
+            lora._Step.__init__ = per_group
+            trials["16 adapters, per-group products"].append(run(llm, cases["16 adapters"], args.max_tokens))
+            lora._Step.__init__ = batched_step
+            trials["16 adapters"].append(run(llm, cases["16 adapters"], args.max_tokens))
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("tokens_per_s", "tpot_ms")} for k, v in trials.items()}
     base = med["base"]["tokens_per_s"]
     res = {"model": args.model, "rank": args.rank, "max_tokens": args.max_tokens, "trials": args.trials,
