@@ -3,6 +3,7 @@ base and each adapter (with its parent); a request's `model` picks one; concurre
 the base, batched together, answer what each adapter's merged model answers, token for token; an unknown name
 is a 404 in the OpenAI error shape; a bad entry stops the start with one line naming it."""
 import copy
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -213,5 +214,21 @@ def test_loading_and_unloading_under_traffic_fails_nothing_and_leaks_no_blocks(s
         assert churned == 10 and results and set(results) == {200}, set(results)
         stats = served.state.adapter.stats()
         assert stats.running == stats.waiting == stats.kv_bytes_in_use == 0  # every block given back
+    finally:
+        engine.shutdown()
+
+
+def test_the_request_log_names_the_adapter_that_answered(serve, tokenizer, tmp_path):
+    base = tiny_gpt(tokenizer)
+    _adapter(base, TARGETS["attn"], 3).save(tmp_path / "attn")
+    engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(num_kv_blocks=64)))
+    try:
+        served = serve(engine, log=True, model_name="base", lora_modules=[f"attn={tmp_path / 'attn'}"])
+        for model, rid in (("attn", "r-attn"), ("base", "r-base")):
+            assert httpx.post(f"{served.url}/v1/completions", timeout=30, headers={"x-request-id": rid},
+                              json={"model": model, "prompt": PROMPT, "max_tokens": 2}).status_code == 200
+        served.log.close()
+        rows = {row["request_id"]: row for row in map(json.loads, served.log_path.read_text().splitlines())}
+        assert rows["r-attn"]["model"] == "attn" and rows["r-base"]["model"] == "base"
     finally:
         engine.shutdown()
