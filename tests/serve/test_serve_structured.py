@@ -178,7 +178,7 @@ BAD = [
      "tool_choice", "nope"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice", "needs tools"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "string"}}}]}, "tools", "type"),
+        "type": "string"}}}]}, "tools.0.function.parameters", '"type": "object"'),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}}}}]}, "tools", "look-around"),
     ("/v1/chat/completions", {"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from tinystack.serve.api.schemas import STRICT, JsonSchema, StructuredOutputsBody
 
@@ -57,6 +57,14 @@ class FunctionDef(BaseModel):
                                               "type": "object", "required": ["type"],
                                               "properties": {"type": {"const": "object"}}}]})
     strict: bool | None = Field(None, description="Accepted; arguments always match `parameters`.")
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object_schema(cls, value: JsonSchema | None) -> JsonSchema | None:
+        """The schema's own rule (the field's anyOf), wherever tools are taken (/tokenize too)."""
+        if value is not None and value.get("type") != "object":
+            raise ValueError('must be a JSON Schema with "type": "object"')
+        return value
 
 
 class Tool(BaseModel):

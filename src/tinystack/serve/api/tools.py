@@ -16,8 +16,9 @@ Calls are written in the model's own format (infer/chat_tools.tool_call_format: 
 
 `parallel_tool_calls: false` with "auto" cannot be said in a structural tag: the answer's calls after the first
 are dropped when it is parsed (tool_parser.py). Refused with a 400 naming the field: tool_choice without tools,
-tool_choice naming a function that is not in tools, two tools with one name, a function whose `parameters` is
-not a JSON Schema of type object, a response_format other than text with tools (unless tool_choice is "none").
+tool_choice naming a function that is not in tools, two tools with one name, a response_format other than text
+with tools (unless tool_choice is "none"); `parameters` not of type object is refused with the body
+(tool_schemas.py).
 The arguments schemas themselves are checked by compiling the constraint (structured.check_constraint).
 """
 from __future__ import annotations
@@ -90,11 +91,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel: bool, respon
         fn = tool.function
         if fn.name in schemas:
             raise _invalid("tools", f"tools[{i}]: a second function named {fn.name!r}", CONFLICTING_FIELDS)
-        params = NO_ARGUMENTS if fn.parameters is None else fn.parameters
-        if params.get("type") != "object":
-            raise _invalid("tools", f"tools[{i}].function.parameters must be a JSON Schema with \"type\": \"object\" "
-                                    f"(function {fn.name!r})")
-        schemas[fn.name] = params
+        schemas[fn.name] = NO_ARGUMENTS if fn.parameters is None else fn.parameters  # type object (tool_schemas)
     choice = "auto" if tool_choice is None else tool_choice if isinstance(tool_choice, str) else "named"
     if choice == "named" and tool_choice.function.name not in schemas:
         raise _invalid("tool_choice", f"tool_choice names the function {tool_choice.function.name!r}, which is not "
