@@ -2,8 +2,10 @@
 BatchView: same logits and the same keys/values written, for every weight format, GQA, biases, scattered paged
 blocks, mixed contexts, prefill chunks beside decodes and speculative verification rows; greedy generation through
 it gives the tokens of the unfused engine; a token's logits are the same bits whether it came as a decode or inside
-a verification row (what makes speculative decoding exactly greedy); and a model with an op, a module or a config
-feature the step was not written for is refused (with the reason) and decodes through its own forward."""
+a verification row (what makes speculative decoding exactly greedy); rows of different LoRA adapters and of the
+base in one step add each its own delta, as the forward does; and a model with an op, a module or a config
+feature the step was not written for (or adapters in a dtype it does not take) is refused (with the reason) and
+runs through its own forward."""
 from __future__ import annotations
 
 import copy
@@ -16,6 +18,7 @@ from infer_helpers import VOCAB, ToyTokenizer, random_prompts
 
 from tinystack.infer import LLM, SamplingParams
 from tinystack.infer.fused_step import SUPPORTS, FusedStep
+from tinystack.infer.lora import AdapterSet
 from tinystack.infer.model_runner import ModelRunner
 from tinystack.infer.paged_cache import KVStorage
 from tinystack.infer.quant.formats import FORMATS
@@ -23,6 +26,7 @@ from tinystack.infer.quant.linear import quantize_model
 from tinystack.infer.sequence import Sequence
 from tinystack.kernels import quant as quant_kernels
 from tinystack.model.llama import MLP, Llama, LlamaConfig
+from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.sampling_params import SamplingParams as Params
 
 pytestmark = pytest.mark.skipif(quant_kernels.extension() is None, reason="needs the C++ extension (a C++ compiler)")
@@ -119,6 +123,73 @@ def test_prefill_chunks_and_verification_rows_equal_the_model_forward(fmt):
     drafts = [[], [5, 6, 7], [], [9]]
     _assert_close(fused.run(batch, drafts), ref.run(batch, drafts), fmt)
     _assert_close(fused.run(batch), ref.run(batch), fmt)
+def _adapter(model: Llama, targets: tuple[str, ...], rank: int, seed: int) -> LoRAAdapter:
+    g = torch.Generator().manual_seed(seed)
+    weights = {path: (torch.randn(rank, m.in_features, generator=g) * 0.3,
+                      torch.randn(m.out_features, rank, generator=g) * 0.3)
+               for path, m in model.named_modules() if path.rsplit(".", 1)[-1] in targets}
+    return LoRAAdapter(weights, rank, 2.0 / rank)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "q4_1"])
+@torch.no_grad()
+def test_adapter_rows_through_the_fused_step_equal_the_model_forward(fmt):
+    """Two adapters (q/v at rank 4; every projection at rank 8) and the base, in decodes and a prefill chunk of one
+    step: the fused step's logits and written keys/values are the forward's. A resident set that changes (an
+    adapter unloaded) reaches the C++ before the next step."""
+    model = _llama(False, "float32", seed=3)  # adapters are made for the float model's projections
+    made = {"qv": _adapter(model, ("q_proj", "v_proj"), 4, 1),
+            "all": _adapter(model, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 8, 2)}
+    if fmt != "float32":
+        quantize_model(model, fmt)
+    starts = [0, 9, 30, 3, 17]
+    fused, ref, seqs = _runner(model, True), _runner(model, False), _sequences(starts, 4, seed=4)
+    for runner in (fused, ref):
+        runner.loras = AdapterSet(runner.model, 4, 64)
+        keys = {name: runner.loras.add(name, adapter) for name, adapter in made.items()}
+    for seq, name in zip(seqs, ["qv", None, "all", "all", "qv"]):
+        seq.lora_key = keys[name] if name else 0
+    for runner in (fused, ref):  # the histories through the forward, in both
+        runner.fused, kept = None, runner.fused
+        runner.run([(seq, s) for seq, s in zip(seqs, starts) if s > 0])
+        runner.fused = kept
+    for seq, s in zip(seqs, starts):
+        seq.num_computed = s
+    calls = []
+    real = fused.fused.run
+    fused.fused.run = lambda *a: calls.append(a) or real(*a)
+    rows = [(seqs[0], 1), (seqs[1], 1), (seqs[2], 1), (seqs[3], 1), (seqs[4], 1)]
+    _assert_close(fused.run(rows), ref.run(rows), fmt)
+    assert len(calls) == 1 and sorted(set(calls[0][5])) == [-1, 0, 1]  # one fused call: base and both adapters
+    torch.testing.assert_close(fused.storage.k, ref.storage.k, rtol=1e-4, atol=1e-4)
+    for runner in (fused, ref):
+        runner.loras.remove("qv")  # "all" moves to place 0 of the stacks
+    for seq in seqs:
+        seq.num_computed += 1
+        seq.lora_key = keys["all"] if seq.lora_key == keys["qv"] else seq.lora_key
+    _extend(seqs, 3)
+    rows = [(seqs[0], 3), (seqs[2], 1), (seqs[3], 1)]  # a 3-token chunk beside two decodes
+    _assert_close(fused.run(rows), ref.run(rows), fmt)
+    assert len(calls) == 2 and sorted(set(calls[1][5])) == [0]
+
+
+@torch.no_grad()
+def test_adapter_stacks_the_fused_step_does_not_take_run_through_the_forward():
+    model = _llama(False, "float32")
+    runner, ref = _runner(model, True), _runner(model, False)
+    adapter = _adapter(model, ("q_proj", "down_proj"), 4, 5)
+    for r, dtype in ((runner, torch.bfloat16), (ref, torch.bfloat16)):
+        r.loras = AdapterSet(r.model, 2, 64)
+        r.loras.dtype = dtype  # adapters kept in bfloat16: the C++ reads float32 stacks only
+        key = r.loras.add("a", adapter)
+    assert not runner.fused.take_loras(runner.loras)
+    seqs = _sequences([1, 1], 4, seed=6)
+    for seq in seqs:
+        seq.lora_key = key
+    assert runner.fused.accepts(4)
+    torch.testing.assert_close(runner.run([(seq, 2) for seq in seqs]), ref.run([(seq, 2) for seq in seqs]))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @torch.no_grad()
 def test_a_verification_row_gives_the_bits_of_one_decode_at_a_time(fmt):

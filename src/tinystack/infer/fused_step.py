@@ -2,6 +2,7 @@
 
     FusedStep.build(model, storage, device) -> FusedStep, or None where this model/cache cannot take it
     fused.run(ids, tables, starts, lengths, index) -> logits [len(index), V]
+    fused.take_loras(adapters) -> bool; fused.run(..., slots=[adapter of each token])  LoRA rows (infer/lora.py)
 
     ids [N] (rows packed) -> embed_tokens -> x [N, H] --(kernels/quant/fused_step.cpp: every layer; each token's K/V
     written at its slot, then each token attends over its row's keys up to its position, read in place
@@ -18,6 +19,9 @@ model types and config fields it was written for, rope scalings the model's own 
 linear layers in float32 or in the engine's quantised formats (QuantLinear), float32 norms, a float32 KV cache on
 the CPU and the C++ extension (tinystack/kernels/quant). Anything else is refused: `refusal()` names why, build()
 logs it and returns None, and every step runs the model's forward (the reference), never a silently different one.
+LoRA adapters ride along: the AdapterSet's stacks of each fused projection (float32; take_loras refuses others,
+and their steps run the forward) go to the C++ once per change of the resident set, and each token names its
+adapter's place in them, so a step mixing adapters and the base is still one call.
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ SUPPORTS = {
 }
 
 _F32, _BF16 = -1, 3  # fused_step.cpp's kinds besides the block formats
-_EMPTY = torch.empty(0)
+_EMPTY, _EMPTY_LONG = torch.empty(0), torch.empty(0, dtype=torch.long)
 
 
 def _linear_parts(layer: nn.Module) -> tuple[int, list[torch.Tensor]] | None:
@@ -73,6 +77,8 @@ class FusedStep:
         self.model, self.layers, self.storage = model, layers, storage
         self.cos, self.sin = (t.contiguous() for t in model.rope_tables(torch.device("cpu")))  # the model's own
         self.max_positions = model.config.max_position_embeddings
+        self._loras: tuple[int, int] | None = None  # (id, version) of the AdapterSet whose stacks the C++ holds
+        self._lora_refused: str | None = None
 
     @classmethod
     def refusal(cls, model: nn.Module, storage: KVStorage, device: torch.device) -> str | None:
@@ -133,11 +139,36 @@ class FusedStep:
     def accepts(self, n_tokens: int) -> bool:
         return n_tokens < kernels.GEMM_MIN_ROWS
 
+    def take_loras(self, adapters) -> bool:
+        """Hand the C++ the adapters' stacks if the resident set changed since; False (their steps then run the
+        model's forward) where the stacks are not float32 or a projection is not the model's fused one."""
+        if self._loras == (id(adapters), adapters.version):
+            return self._lora_refused is None
+        stacks, self._lora_refused = [], None
+        for block in self.model.model.layers:
+            for layer in (block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj,
+                          block.mlp.down_proj):
+                stack = getattr(layer, "stack", None)
+                if stack is None:
+                    stacks += [_EMPTY, _EMPTY]
+                elif stack[0].dtype != torch.float32 or stack[0].device.type != "cpu":
+                    self._lora_refused = f"LoRA stacks in {stack[0].dtype} on {stack[0].device.type}, not float32"
+                else:
+                    stacks += [t.contiguous() for t in stack]
+        if self._lora_refused is None:
+            self.layers.set_lora(stacks)
+        else:
+            log.info("fused decode step off for adapter rows: %s", self._lora_refused)
+            self.layers.set_lora([])
+        self._loras = (id(adapters), adapters.version)
+        return self._lora_refused is None
+
     @torch.inference_mode()
     def run(self, ids: list[int], tables: list[list[int]], starts: list[int], lengths: list[int],
-            index: list[int]) -> torch.Tensor:
+            index: list[int], slots: list[int] | None = None) -> torch.Tensor:
         """Row r feeds ids[sum(lengths[:r]):][:lengths[r]] at positions starts[r]... over block table tables[r];
-        -> logits [len(index), V] at the packed positions `index`."""
+        -> logits [len(index), V] at the packed positions `index`. slots[t]: packed token t's place in the
+        adapters' stacks (-1: the base), after take_loras."""
         if max(s + n for s, n in zip(starts, lengths)) > self.max_positions:
             raise ValueError(f"a sequence exceeds max_position_embeddings={self.max_positions}")
         pos = [p for s, n in zip(starts, lengths) for p in range(s, s + n)]
@@ -146,6 +177,6 @@ class FusedStep:
         padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
         x = self.model.model.embed_tokens(torch.tensor(ids))
         h = self.layers.step(x.float(), self.cos, self.sin, torch.tensor(pos), torch.tensor(rows), self.storage.k,
-                             self.storage.v, padded)
+                             self.storage.v, padded, _EMPTY_LONG if slots is None else torch.tensor(slots))
         h = h.index_select(0, torch.tensor(index))
         return self.model.lm_head(self.model.model.norm(h)).float()

@@ -117,6 +117,7 @@ class AdapterSet:
         self.keys: dict[str, int] = {}  # adapter name -> key
         self.resident: list[int] = []  # the keys, in load order: the projections' stacks follow it
         self.step: _Step | None = None
+        self.version = 0  # bumped whenever the stacks change (the fused step re-reads them)
         self._next_key = 1
         self.dtype = next(model.parameters()).dtype if next(model.parameters()).is_floating_point() \
             else torch.float32
@@ -173,6 +174,7 @@ class AdapterSet:
     def _restack(self) -> None:
         for wrapper in {hit[0] for hit in self.projections.values()}:
             wrapper.restack(self.resident)
+        self.version += 1
 
     def _stack(self, wrapper: LoRAProjection, parts: dict[int, tuple[torch.Tensor, torch.Tensor]],
                adapter: LoRAAdapter) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,11 +7,11 @@
                     -> logits [R, V] at each row's last fed token
 
 Prefill chunks and single-token decodes share one call; only the rows' last
-positions go through the output head. A step with rows of LoRA adapters (infer/lora.py) runs the model's forward,
-each packed token tagged with its row's adapter, so every projection adds the right delta to the right rows.
-Any other step of fewer than GEMM_MIN_ROWS tokens (every decode step, speculative verification, short prefill
-chunks) goes to FusedStep where the model allows (fused_step.py: all layers in one C++ call, no per-layer Python,
-no adapters); the model's forward above stays its reference and runs the long steps.
+positions go through the output head. Rows of LoRA adapters (infer/lora.py) tag each packed token with its
+row's adapter, so every projection adds the right delta to the right rows. Every step of fewer than
+GEMM_MIN_ROWS tokens (every decode step, speculative verification, short prefill chunks) goes to FusedStep where
+the model allows (fused_step.py: all layers in one C++ call, no per-layer Python, adapter deltas included); the
+model's forward above stays its reference and runs the long steps.
 At start-up the runner fuses the model's projections where it can (Llama: QKV and gate/up,
 model.fuse_projections), then moves its weights into one arena of 2 MiB pages with the head column-major
 (weight_arena.py): decode is bound by streaming the weights, and that is where the stream runs fastest.
@@ -58,10 +58,15 @@ class ModelRunner:
         index = [e - 1 - j for e, d in zip(ends, drafts) for j in range(len(d), -1, -1)]
         tables = [seq.block_table for seq, _ in batch]
         slots = [seq.lora_key for seq, _ in batch]
-        if any(slots) and self.loras is not None:  # rows with LoRA adapters: the model's forward adds their deltas
+        short = self.fused is not None and self.fused.accepts(len(ids))
+        if any(slots) and self.loras is not None:  # rows with LoRA adapters: each token's delta added to its row
+            if short and self.fused.take_loras(self.loras):
+                place = {key: i for i, key in enumerate(self.loras.resident)}
+                token_slots = [place[k] if k else -1 for k, n in zip(slots, lengths) for _ in range(n)]
+                return self.fused.run(ids, tables, starts, lengths, index, token_slots)
             with self.loras.rows([k for k, n in zip(slots, lengths) for _ in range(n)]):
                 return self._forward(ids, tables, starts, lengths, index)
-        if self.fused is not None and self.fused.accepts(len(ids)):
+        if short:
             return self.fused.run(ids, tables, starts, lengths, index)
         return self._forward(ids, tables, starts, lengths, index)
 

@@ -11,6 +11,9 @@
 // layer from Python: for a thin model (SmolLM2: 30 layers of width 576) that dispatch, not reading the
 // weights, was most of a decode step. Linear layers come in the engine's formats: float32 (at::mm),
 // bfloat16 and the block formats (the kernels of kernels.cpp, called directly).
+// LoRA adapters (infer/lora.py): set_lora() takes each linear's stacks of resident adapters, and a step's
+// `slots` name each token's adapter (-1: the base); a linear then adds y_t += s B_a (A_a x_t) for each token
+// of adapter a, after the base product: the model's forward through LoRAProjection, in the same order.
 #include <torch/extension.h>
 
 #include <immintrin.h>
@@ -31,6 +34,7 @@ enum Kind { F32 = -1, BF16 = 3 };  // 0..2: the block formats of kernels.h
 struct Lin {  // F32: a = w [N, K] (any strides); BF16: a = w [N, Kp]; block formats: a = qs, b = d, c = m
   int64_t kind = F32, N = 0;
   torch::Tensor a, b, c, bias;
+  torch::Tensor lora_a, lora_b;  // LoRA stacks (infer/lora.py): A [adapters, W, K], s B [adapters, N, W]; or none
 };
 
 struct Layer {
@@ -168,8 +172,31 @@ class FusedLayers {
   // Every token's key/value is written at its slot before any token attends, so token t sees its row's keys
   // 0..pos[t]: the cached history and the step's own earlier tokens (causal within a chunk).
   // -> the hidden states after the last layer [N, H].
+  // stacks: per layer and linear (qkv, o, gate_up, down) A [K, W, in] and s B [K, out, W], contiguous float32,
+  // the same K for all (numel 0: that linear has no adapter); empty: none at all.
+  void set_lora(std::vector<torch::Tensor> stacks) {
+    TORCH_CHECK(stacks.empty() || (int64_t)stacks.size() == 8 * L_, "expected A and s B for each of 4 linears per layer");
+    const int64_t ins[4] = {H_, nh_ * hd_, H_, I_};
+    lora_k_ = -1;
+    for (int64_t l = 0; l < L_; ++l) {
+      Lin* lins[4] = {&layers_[l].qkv, &layers_[l].o, &layers_[l].gate_up, &layers_[l].down};
+      for (int i = 0; i < 4; ++i) {
+        Lin& lin = *lins[i];
+        lin.lora_a = lin.lora_b = torch::Tensor();
+        if (stacks.empty() || stacks[8 * l + 2 * i].numel() == 0) continue;
+        const auto &a = stacks[8 * l + 2 * i], &b = stacks[8 * l + 2 * i + 1];
+        TORCH_CHECK(a.scalar_type() == torch::kFloat32 && b.scalar_type() == torch::kFloat32 && a.is_contiguous() &&
+                    b.is_contiguous() && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
+                    a.size(1) == b.size(2) && a.size(2) == ins[i] && b.size(1) == lin.N,
+                    "layer ", l, " linear ", i, ": LoRA stacks must be float32 A [K, W, in] and s B [K, out, W]");
+        TORCH_CHECK(lora_k_ < 0 || lora_k_ == a.size(0), "every LoRA stack must hold the same adapters");
+        lora_k_ = a.size(0), lin.lora_a = a, lin.lora_b = b;
+      }
+    }
+  }
+
   torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos, torch::Tensor rows,
-                     torch::Tensor kc, torch::Tensor vc, torch::Tensor tables) {
+                     torch::Tensor kc, torch::Tensor vc, torch::Tensor tables, torch::Tensor slots_t) {
     TORCH_CHECK(x.dim() == 2 && x.size(1) == H_ && x.scalar_type() == torch::kFloat32, "x must be [N, hidden] float32");
     TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == hd_ && cos.scalar_type() == torch::kFloat32,
                 "rope tables [P, head_dim] float32");
@@ -189,6 +216,15 @@ class FusedLayers {
       const int64_t block = tab[row[t] * T + P[t] / bs];
       TORCH_CHECK(block >= 0 && block < kc.size(2), "token ", t, ": block ", block, " out of range");
     }
+    const int64_t* slot = nullptr;  // each token's adapter (-1: the base), or none at all
+    if (slots_t.numel()) {
+      TORCH_CHECK(slots_t.numel() == N && slots_t.is_contiguous() && slots_t.scalar_type() == torch::kLong,
+                  "slots [N]: contiguous int64");
+      slot = slots_t.data_ptr<int64_t>();
+      for (int t = 0; t < N; ++t)
+        TORCH_CHECK(slot[t] >= -1 && slot[t] < std::max<int64_t>(lora_k_, 0), "token ", t, ": adapter slot ",
+                    slot[t], " is not set (set_lora)");
+    }
     auto out = x.contiguous().clone();
     float* X = out.data_ptr<float>();
     const int Q = (nh_ + 2 * nkv_) * hd_, grp = nh_ / nkv_;
@@ -199,7 +235,7 @@ class FusedLayers {
     for (int64_t l = 0; l < L_; ++l) {
       const Layer& y = layers_[l];
       rms(X, y.in_norm, N, h.data());
-      matmul(y.qkv, h.data(), N, H_, qkv.data());
+      matmul(y.qkv, h.data(), N, H_, qkv.data(), slot);
       for (int t = 0; t < N; ++t) {  // rotary on the q and k heads: x cos + roll(x, hd/2) signed_sin
         const float *c = cos.data_ptr<float>() + P[t] * hd_, *s = sin.data_ptr<float>() + P[t] * hd_;
         for (int head = 0; head < nh_ + nkv_; ++head) {
@@ -230,16 +266,16 @@ class FusedLayers {
                                                  att.data() + ((size_t)t * nh_ + g * grp) * hd_);
         }
       });
-      matmul(y.o, att.data(), N, nh_ * hd_, tmp.data());
+      matmul(y.o, att.data(), N, nh_ * hd_, tmp.data(), slot);
       for (size_t i = 0; i < tmp.size(); ++i) X[i] += tmp[i];
       rms(X, y.post_norm, N, h.data());
-      matmul(y.gate_up, h.data(), N, H_, gu.data());
+      matmul(y.gate_up, h.data(), N, H_, gu.data(), slot);
       for (int r = 0; r < N; ++r)
         for (int64_t i = 0; i < I_; ++i) {
           const float g = gu[(size_t)r * 2 * I_ + i], u = gu[(size_t)r * 2 * I_ + I_ + i];
           act[(size_t)r * I_ + i] = g / (1.f + std::exp(-g)) * u;
         }
-      matmul(y.down, act.data(), N, I_, tmp.data());
+      matmul(y.down, act.data(), N, I_, tmp.data(), slot);
       for (size_t i = 0; i < tmp.size(); ++i) X[i] += tmp[i];
     }
     return out;
@@ -254,7 +290,9 @@ class FusedLayers {
     }
   }
 
-  void matmul(const Lin& w, const float* x, int M, int64_t K, float* y) const {  // y [M, N] = x [M, K] @ W^T (+ b)
+  // y [M, N] = x [M, K] @ W^T (+ b), plus each token's adapter delta where `slot` names one
+  void matmul(const Lin& w, const float* x, int M, int64_t K, float* y, const int64_t* slot) const {
+    if (slot != nullptr && w.lora_a.defined()) lora_delta(w, x, M, K, slot);  // before x may be swapped for a padded copy
     if (w.kind == F32) {
       auto xt = torch::from_blob(const_cast<float*>(x), {M, K}, torch::kFloat32);
       auto yt = torch::from_blob(y, {M, w.N}, torch::kFloat32);
@@ -277,13 +315,44 @@ class FusedLayers {
       for (int r = 0; r < M; ++r)
         for (int64_t n = 0; n < w.N; ++n) y[(size_t)r * w.N + n] += b[n];
     }
+    if (slot != nullptr && w.lora_a.defined()) lora_add(w, M, y, slot);
   }
 
-  int64_t L_, H_, nh_, nkv_, hd_, I_;
+  // LoRA in two halves around the base product: lora_delta computes ax[t] = A_a x[t] (W dots of length K) for
+  // each token t of an adapter a = slot[t]; lora_add then adds y[t] += s B_a ax[t], the outputs split over the
+  // pool (a dot of length W per output and adapted token). The step runs one linear at a time: ax_ is scratch.
+  void lora_delta(const Lin& w, const float* x, int M, int64_t K, const int64_t* slot) const {
+    const int64_t W = w.lora_a.size(1);
+    const float* A = w.lora_a.data_ptr<float>();
+    ax_.assign((size_t)M * W, 0.f);
+    row_pool().run(M, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        if (slot[t] < 0) continue;
+        const float* a = A + (size_t)slot[t] * W * K;
+        for (int64_t j = 0; j < W; ++j) ax_[(size_t)t * W + j] = dot(a + j * K, x + (size_t)t * K, (int)K);
+      }
+    });
+  }
+
+  void lora_add(const Lin& w, int M, float* y, const int64_t* slot) const {
+    const int64_t W = w.lora_a.size(1);
+    const float* B = w.lora_b.data_ptr<float>();
+    row_pool().run(w.N, 64, [&](int64_t n0, int64_t n1) {
+      for (int t = 0; t < M; ++t) {
+        if (slot[t] < 0) continue;
+        const float *b = B + (size_t)slot[t] * w.N * W, *v = ax_.data() + (size_t)t * W;
+        float* yt = y + (size_t)t * w.N;
+        for (int64_t n = n0; n < n1; ++n) yt[n] += dot(b + n * W, v, (int)W);
+      }
+    });
+  }
+
+  int64_t L_, H_, nh_, nkv_, hd_, I_, lora_k_ = -1;
   float eps_;
   int path_;
   std::vector<torch::Tensor> norms_, parts_;  // kept alive: layers_ points into them
   std::vector<Layer> layers_;
+  mutable std::vector<float> ax_;  // lora_delta's A x, read by lora_add (one step at a time: the engine's thread)
 };
 
 }  // namespace tinystack
@@ -293,5 +362,6 @@ void register_fused_step(pybind11::module_& mod) {
   pybind11::class_<tinystack::FusedLayers>(mod, "FusedLayers")
       .def(pybind11::init<std::vector<int64_t>, double, std::vector<torch::Tensor>, std::vector<int64_t>,
                           std::vector<torch::Tensor>, int64_t>())
+      .def("set_lora", &tinystack::FusedLayers::set_lora)
       .def("step", &tinystack::FusedLayers::step, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
