@@ -54,8 +54,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--compare-paths", action="store_true", help="16 adapters: the batched products vs one pair "
-                                                                 "of products per adapter (what the padding buys)")
+    ap.add_argument("--compare-paths", action="store_true", help="16 adapters: the fused step vs the model's "
+                    "forward (padded batched products, or per adapter): what each path buys")
     args = ap.parse_args()
     from tinystack.model.io import load_model
 
@@ -87,20 +87,28 @@ def main() -> None:
                                      "tpot_ms": out.metrics.decode_s / max(1, len(out.token_ids) - 1) * 1e3})
             else:
                 trials[name].append(run(llm, cases[name], args.max_tokens))
-    if args.compare_paths:  # the same 16-adapter batch with the padded batch turned off: per-group products only
+    if args.compare_paths:  # the same 16-adapter batch down the other paths, interleaved with the default one
         from tinystack.infer import lora
+        from tinystack.infer.fused_step import FusedStep
 
-        batched_step = lora._Step.__init__
+        batched_step, fused_take = lora._Step.__init__, FusedStep.take_loras
 
         def per_group(self, slots, resident, device):
             batched_step(self, slots, resident, device)
             self.gather = None
 
-        trials["16 adapters, per-group products"] = []
+        variants = {  # adapter steps through the model's forward (its padded batch; or per-group products)
+            "16 adapters, model forward": [(FusedStep, "take_loras", lambda self, adapters: False)],
+            "16 adapters, model forward, per-group products": [(FusedStep, "take_loras", lambda self, a: False),
+                                                                (lora._Step, "__init__", per_group)]}
+        for name in variants:
+            trials[name] = []
         for _ in range(args.trials):
-            lora._Step.__init__ = per_group
-            trials["16 adapters, per-group products"].append(run(llm, cases["16 adapters"], args.max_tokens))
-            lora._Step.__init__ = batched_step
+            for name, patches in variants.items():
+                for owner, attr, fn in patches:
+                    setattr(owner, attr, fn)
+                trials[name].append(run(llm, cases["16 adapters"], args.max_tokens))
+                lora._Step.__init__, FusedStep.take_loras = batched_step, fused_take
             trials["16 adapters"].append(run(llm, cases["16 adapters"], args.max_tokens))
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("tokens_per_s", "tpot_ms")} for k, v in trials.items()}
     base = med["base"]["tokens_per_s"]

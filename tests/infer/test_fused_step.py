@@ -135,8 +135,8 @@ def _adapter(model: Llama, targets: tuple[str, ...], rank: int, seed: int) -> Lo
 @torch.no_grad()
 def test_adapter_rows_through_the_fused_step_equal_the_model_forward(fmt):
     """Two adapters (q/v at rank 4; every projection at rank 8) and the base, in decodes and a prefill chunk of one
-    step: the fused step's logits and written keys/values are the forward's. A resident set that changes (an
-    adapter unloaded) reaches the C++ before the next step."""
+    step: the fused step's logits and written keys/values are the forward's. A resident set that changes (the
+    widest adapter unloaded) reaches the C++ before the next step."""
     model = _llama(False, "float32", seed=3)  # adapters are made for the float model's projections
     made = {"qv": _adapter(model, ("q_proj", "v_proj"), 4, 1),
             "all": _adapter(model, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 8, 2)}
@@ -163,10 +163,10 @@ def test_adapter_rows_through_the_fused_step_equal_the_model_forward(fmt):
     assert len(calls) == 1 and sorted(set(calls[0][5])) == [-1, 0, 1]  # one fused call: base and both adapters
     torch.testing.assert_close(fused.storage.k, ref.storage.k, rtol=1e-4, atol=1e-4)
     for runner in (fused, ref):
-        runner.loras.remove("qv")  # "all" moves to place 0 of the stacks
+        runner.loras.remove("all")  # the stacks narrow to rank 4, and "qv" stays at place 0
     for seq in seqs:
         seq.num_computed += 1
-        seq.lora_key = keys["all"] if seq.lora_key == keys["qv"] else seq.lora_key
+        seq.lora_key = keys["qv"] if seq.lora_key == keys["all"] else seq.lora_key
     _extend(seqs, 3)
     rows = [(seqs[0], 3), (seqs[2], 1), (seqs[3], 1)]  # a 3-token chunk beside two decodes
     _assert_close(fused.run(rows), ref.run(rows), fmt)

@@ -232,3 +232,29 @@ def test_the_request_log_names_the_adapter_that_answered(serve, tokenizer, tmp_p
         assert rows["r-attn"]["model"] == "attn" and rows["r-base"]["model"] == "base"
     finally:
         engine.shutdown()
+
+
+def test_echo_with_logprobs_scores_the_prompt_with_the_adapter(lora_server, tokenizer):
+    """lm-evaluation-harness' loglikelihood request (echo, logprobs) under an adapter: the prompt's logprobs are
+    those of the adapter's merged model, not the base's."""
+    from tinystack.eval.scoring import prompt_logprobs
+
+    served, base, adapters = lora_server
+    ids = tokenizer.encode(PROMPT)
+
+    def echoed(name):
+        r = httpx.post(f"{served.url}/v1/completions", timeout=30, json={
+            "model": name, "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["logprobs"]["token_logprobs"][:len(ids)]  # the prompt's, then one generated
+
+    for name, adapter in adapters.items():
+        merged = copy.deepcopy(base)
+        with torch.no_grad():
+            for path, (a, b) in adapter.weights.items():
+                merged.get_submodule(path).weight += adapter.scale * b @ a
+        want = [lp for lp, _ in prompt_logprobs(merged.eval(), ids, 1)]
+        got = echoed(name)
+        assert got[0] is None and want[0] is None
+        assert got[1:] == pytest.approx(want[1:], abs=1e-4), name
+    assert echoed("base")[1:] != pytest.approx(echoed("attn")[1:], abs=1e-3)

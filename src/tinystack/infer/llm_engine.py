@@ -20,6 +20,8 @@ Not thread-safe: one thread drives it (LLM.generate, or AsyncEngine's engine thr
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 from typing import Callable
@@ -188,6 +190,20 @@ class LLMEngine:
     @property
     def lora_names(self) -> list[str]:
         return list(self.loras.keys) if self.loras is not None else []
+
+    @contextmanager
+    def adapter_forward(self, lora: str | None, n_tokens: int) -> Iterator[None]:
+        """Around a call of the model's own forward on one sequence of n_tokens without the KV cache (scoring a
+        prompt: eval.scoring): adapter `lora`'s deltas added (None: the base). KeyError when it is not loaded."""
+        if lora is None:
+            yield
+            return
+        try:
+            key = self._lora_key(lora)
+        except ValueError as e:
+            raise KeyError(str(e)) from None
+        with self.loras.rows([key] * n_tokens):
+            yield
 
     def _lora_key(self, name: str | None) -> int:
         if name is None:

@@ -12,7 +12,8 @@ copy of the model per adapter; here the base weights stay shared and each step a
 so a batch holding rows of several adapters (and of the base) is one base product plus small ones, and an
 adapter's memory is its own A and B only (kept in the compute dtype). A fused projection (q/k/v -> qkv_proj,
 gate/up -> gate_up_proj: model/fused_linear.py) keeps one adapter per original projection: its A stacks the
-parts' A [P r, in] and its B is block-diagonal [out, P r], one product for all parts.
+parts' A [P r, in] (one product for all parts) and its s B^T [r, out] the parts' B, each part's columns
+multiplying its own r columns of x A^T.
 
     LoRAAdapter                 an adapter's weights, in PEFT's layout on disk (model/lora_adapter.py)
     AdapterSet(model, max_loras, max_lora_rank)
@@ -26,6 +27,7 @@ adapters never share cached keys and values, and an adapter loaded again under t
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -41,7 +43,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 class _Step:
     """One step's rows, grouped by adapter (the keys present, and the packed token indices of each), and, when the
     groups are about even, the same as one padded batch: gather [K, M] (row indices, T = a zero row for padding)
-    for K present adapters of at most M rows each, so each projection adds every delta in two batched products."""
+    for K present adapters of at most M rows each, so each projection adds every delta in a few batched products."""
 
     def __init__(self, slots: Sequence[int], resident: list[int], device: torch.device) -> None:
         groups: dict[int, list[int]] = {}
@@ -63,29 +65,42 @@ class _Step:
 
 class LoRAProjection(nn.Module):
     """A projection of the base model with the adapters' deltas for the step's rows added (see the module doc).
-    `parts`: (original name, output size) of each projection fused in it, in output order."""
+    `parts`: (original name, output size) of each projection fused in it, in output order. An adapter's weights
+    here: A [P w, in] (part i's A in rows i w.., zeros where the adapter leaves a part out or its rank is under w)
+    and s B^T [w, out] (each part's own columns): y[part i] += (x A[i w:(i + 1) w]^T) (s B^T)[:, part i]."""
 
     def __init__(self, base: nn.Module, parts: list[tuple[str, int]], owner: AdapterSet) -> None:
         super().__init__()
         self.base, self.parts, self.owner = base, parts, owner
-        self.deltas: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (A [P r, in], s B [out, P r])
+        ends = list(itertools.accumulate(size for _, size in parts))
+        self.bounds = list(zip([0, *ends[:-1]], ends))  # each part's output rows
+        self.deltas: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (A [P w, in], s B^T [w, out])
+        self.ranks: dict[int, int] = {}  # key -> the adapter's rank
         self.stack: tuple[torch.Tensor, torch.Tensor] | None = None  # every resident adapter's, padded (restack)
 
     def restack(self, keys: list[int]) -> None:
-        """Stack the resident adapters `keys` (the set's order): A [K, R, in], s B [K, out, R], zero-padded to the
-        widest R (an adapter that does not adapt this projection: zeros). Each adapter's own (A, s B) then become
-        views into the stack, so its weights are held once."""
-        out, in_f = sum(size for _, size in self.parts), _in_features(self.base)
-        width = max([d[0].shape[0] for d in self.deltas.values()], default=1)
-        a = torch.zeros(len(keys), width, in_f, dtype=self.owner.dtype, device=self.owner.device)
-        sb = torch.zeros(len(keys), out, width, dtype=self.owner.dtype, device=self.owner.device)
+        """Stack the resident adapters `keys` (the set's order): A [K, P W, in], s B^T [K, W, out], W the widest rank
+        (an adapter that does not adapt this projection: zeros). Each adapter's own (A, s B) then become views into
+        the stack, so its weights are held once."""
+        out, in_f, n_parts = self.bounds[-1][1], _in_features(self.base), len(self.parts)
+        width = max(self.ranks.values(), default=1)
+        a = torch.zeros(len(keys), n_parts * width, in_f, dtype=self.owner.dtype, device=self.owner.device)
+        sbt = torch.zeros(len(keys), width, out, dtype=self.owner.dtype, device=self.owner.device)
         for k, key in enumerate(keys):
             if key in self.deltas:
-                da, dsb = self.deltas[key]
-                w = da.shape[0]
-                a[k, :w], sb[k, :, :w] = da, dsb
-                self.deltas[key] = (a[k, :w], sb[k, :, :w])
-        self.stack = (a, sb) if self.deltas else None
+                da, dsbt = self.deltas[key]
+                r, w = self.ranks[key], dsbt.shape[0]
+                for i in range(n_parts):
+                    a[k, i * width:i * width + r] = da[i * w:i * w + r]
+                sbt[k, :r] = dsbt[:r]
+                self.deltas[key] = (a[k], sbt[k])
+        self.stack = (a, sbt) if self.deltas else None
+
+    def _delta(self, ax: torch.Tensor, sbt: torch.Tensor) -> torch.Tensor:
+        """ax [..., P w] (x A^T), s B^T [..., w, out] -> the delta [..., out], part by part."""
+        w = sbt.shape[-2]
+        return torch.cat([ax[..., i * w:(i + 1) * w] @ sbt[..., lo:hi] for i, (lo, hi) in enumerate(self.bounds)],
+                         dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
@@ -93,19 +108,19 @@ class LoRAProjection(nn.Module):
         if step is None or not self.deltas:
             return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        if step.gather is not None:  # every adapter's rows at once: two batched products, whatever their number
+        if step.gather is not None:  # every adapter's rows at once: batched products, whatever their number
             a, sb = self.stack
             if not step.all_resident:
                 a, sb = a.index_select(0, step.positions), sb.index_select(0, step.positions)
             xs = torch.cat([flat_x, flat_x.new_zeros(1, flat_x.shape[1])])[step.gather].to(a.dtype)  # [K, M, in]
-            delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), sb.transpose(1, 2))  # [K, M, out]
+            delta = self._delta(torch.bmm(xs, a.transpose(1, 2)), sb)  # [K, M, out]
             flat_y.index_add_(0, step.scatter, delta.reshape(-1, flat_y.shape[1]).to(y.dtype))
             return y
         for key, idx in step.groups:  # one adapter, or groups too uneven to pad: each group's own products
             delta = self.deltas.get(key)
             if delta is not None:
                 a, sb = delta
-                flat_y.index_add_(0, idx, ((flat_x.index_select(0, idx).to(a.dtype) @ a.T) @ sb.T).to(y.dtype))
+                flat_y.index_add_(0, idx, self._delta(flat_x.index_select(0, idx).to(a.dtype) @ a.T, sb).to(y.dtype))
         return y
 
 
@@ -166,6 +181,7 @@ class AdapterSet:
         key, self._next_key = self._next_key, self._next_key + 1
         for wrapper, parts in per_wrapper.items():
             wrapper.deltas[key] = self._stack(wrapper, parts, adapter)
+            wrapper.ranks[key] = adapter.rank
         self.keys[name] = key
         self.resident.append(key)
         self._restack()
@@ -178,17 +194,15 @@ class AdapterSet:
 
     def _stack(self, wrapper: LoRAProjection, parts: dict[int, tuple[torch.Tensor, torch.Tensor]],
                adapter: LoRAAdapter) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A of the parts stacked [P r, in], s B block-diagonal [out, P r]) in the compute dtype."""
-        r, out = adapter.rank, sum(size for _, size in wrapper.parts)
-        order = sorted(parts)
-        a = torch.cat([parts[i][0] for i in order]).to(self.device, self.dtype)
-        sb = torch.zeros(out, r * len(order), device=self.device, dtype=self.dtype)
-        offsets = [sum(size for _, size in wrapper.parts[:i]) for i in range(len(wrapper.parts))]
-        for j, i in enumerate(order):
-            size = wrapper.parts[i][1]
-            sb[offsets[i]:offsets[i] + size, j * r:(j + 1) * r] = adapter.scale * parts[i][1].to(self.device,
-                                                                                                   self.dtype)
-        return a.contiguous(), sb
+        """(A [P r, in]: part i's in rows i r.., s B^T [r, out]: each part's own columns) in the compute dtype."""
+        r, in_f = adapter.rank, _in_features(wrapper.base)
+        a = torch.zeros(len(wrapper.parts) * r, in_f, device=self.device, dtype=self.dtype)
+        sbt = torch.zeros(r, wrapper.bounds[-1][1], device=self.device, dtype=self.dtype)
+        for i, (pa, pb) in parts.items():
+            lo, hi = wrapper.bounds[i]
+            a[i * r:(i + 1) * r] = pa
+            sbt[:, lo:hi] = adapter.scale * pb.T.to(self.device, self.dtype)
+        return a, sbt
 
     def remove(self, name: str) -> None:
         key = self.keys.pop(name, None)
@@ -196,6 +210,7 @@ class AdapterSet:
             raise KeyError(name)
         for wrapper, *_ in self.projections.values():
             wrapper.deltas.pop(key, None)
+            wrapper.ranks.pop(key, None)
         self.resident.remove(key)
         self._restack()
 

@@ -12,8 +12,8 @@
 // weights, was most of a decode step. Linear layers come in the engine's formats: float32 (at::mm),
 // bfloat16 and the block formats (the kernels of kernels.cpp, called directly).
 // LoRA adapters (infer/lora.py): set_lora() takes each linear's stacks of resident adapters, and a step's
-// `slots` name each token's adapter (-1: the base); a linear then adds y_t += s B_a (A_a x_t) for each token
-// of adapter a, after the base product: the model's forward through LoRAProjection, in the same order.
+// `slots` name each token's adapter (-1: the base); a linear then adds y_t[part i] += s B_a[part i] (A_a,i x_t)
+// for each token of adapter a, after the base product: the model's forward through LoRAProjection.
 #include <torch/extension.h>
 
 #include <immintrin.h>
@@ -34,7 +34,8 @@ enum Kind { F32 = -1, BF16 = 3 };  // 0..2: the block formats of kernels.h
 struct Lin {  // F32: a = w [N, K] (any strides); BF16: a = w [N, Kp]; block formats: a = qs, b = d, c = m
   int64_t kind = F32, N = 0;
   torch::Tensor a, b, c, bias;
-  torch::Tensor lora_a, lora_b;  // LoRA stacks (infer/lora.py): A [adapters, W, K], s B [adapters, N, W]; or none
+  torch::Tensor lora_a, lora_bt;  // LoRA stacks (infer/lora.py): A [adapters, P W, K], s B^T [adapters, W, N]; or none
+  std::vector<int64_t> parts;     // where each fused part's outputs start, and N: {0, q, q + k, N} for qkv
 };
 
 struct Layer {
@@ -114,6 +115,13 @@ AVX512_ATTN void attend_avx512(const float* q, const float* K, const float* V, c
   }
 }
 
+// y[0..n) += a x[0..n): vectorised by the compiler, with AVX2 where the kernel path has it
+__attribute__((always_inline)) inline void axpy_body(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+__attribute__((target("avx2,fma"))) void axpy_avx2(float a, const float* x, float* y, int64_t n) { axpy_body(a, x, y, n); }
+void axpy(float a, const float* x, float* y, int64_t n) { axpy_body(a, x, y, n); }
+
 void attend_plain(const float* q, const float* K, const float* V, const int64_t* table, int64_t bs, int S, int grp,
                   int hd, float scale, float* scores, float* out) {
   attend_body(q, K, V, table, bs, S, grp, hd, scale, scores, out);
@@ -150,6 +158,8 @@ class FusedLayers {
         Lin& lin = *lins[i];
         lin.kind = kinds[4 * l + i];
         lin.N = outs[i];
+        lin.parts = i == 0 ? std::vector<int64_t>{0, nh_ * hd_, (nh_ + nkv_) * hd_, lin.N}
+                    : i == 2 ? std::vector<int64_t>{0, I_, lin.N} : std::vector<int64_t>{0, lin.N};
         const torch::Tensor* p = &parts_[16 * l + 4 * i];
         lin.a = p[0], lin.b = p[1], lin.c = p[2], lin.bias = p[3];
         TORCH_CHECK(lin.a.size(0) == lin.N, "layer ", l, " linear ", i, ": ", lin.a.size(0), " outputs, expected ",
@@ -172,8 +182,9 @@ class FusedLayers {
   // Every token's key/value is written at its slot before any token attends, so token t sees its row's keys
   // 0..pos[t]: the cached history and the step's own earlier tokens (causal within a chunk).
   // -> the hidden states after the last layer [N, H].
-  // stacks: per layer and linear (qkv, o, gate_up, down) A [K, W, in] and s B [K, out, W], contiguous float32,
-  // the same K for all (numel 0: that linear has no adapter); empty: none at all.
+  // stacks: per layer and linear (qkv, o, gate_up, down) A [K, P W, in] and s B^T [K, W, out], contiguous float32
+  // (P: the linear's fused parts, 3, 1, 2, 1), the same K for all (numel 0: that linear has no adapter); empty:
+  // none at all.
   void set_lora(std::vector<torch::Tensor> stacks) {
     TORCH_CHECK(stacks.empty() || (int64_t)stacks.size() == 8 * L_, "expected A and s B for each of 4 linears per layer");
     const int64_t ins[4] = {H_, nh_ * hd_, H_, I_};
@@ -182,15 +193,16 @@ class FusedLayers {
       Lin* lins[4] = {&layers_[l].qkv, &layers_[l].o, &layers_[l].gate_up, &layers_[l].down};
       for (int i = 0; i < 4; ++i) {
         Lin& lin = *lins[i];
-        lin.lora_a = lin.lora_b = torch::Tensor();
+        lin.lora_a = lin.lora_bt = torch::Tensor();
         if (stacks.empty() || stacks[8 * l + 2 * i].numel() == 0) continue;
         const auto &a = stacks[8 * l + 2 * i], &b = stacks[8 * l + 2 * i + 1];
         TORCH_CHECK(a.scalar_type() == torch::kFloat32 && b.scalar_type() == torch::kFloat32 && a.is_contiguous() &&
                     b.is_contiguous() && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) &&
-                    a.size(1) == b.size(2) && a.size(2) == ins[i] && b.size(1) == lin.N,
-                    "layer ", l, " linear ", i, ": LoRA stacks must be float32 A [K, W, in] and s B [K, out, W]");
+                    a.size(1) == b.size(1) * (int64_t)(lin.parts.size() - 1) && a.size(2) == ins[i] &&
+                    b.size(2) == lin.N,
+                    "layer ", l, " linear ", i, ": LoRA stacks must be float32 A [K, P W, in] and s B^T [K, W, out]");
         TORCH_CHECK(lora_k_ < 0 || lora_k_ == a.size(0), "every LoRA stack must hold the same adapters");
-        lora_k_ = a.size(0), lin.lora_a = a, lin.lora_b = b;
+        lora_k_ = a.size(0), lin.lora_a = a, lin.lora_bt = b;
       }
     }
   }
@@ -292,7 +304,7 @@ class FusedLayers {
 
   // y [M, N] = x [M, K] @ W^T (+ b), plus each token's adapter delta where `slot` names one
   void matmul(const Lin& w, const float* x, int M, int64_t K, float* y, const int64_t* slot) const {
-    if (slot != nullptr && w.lora_a.defined()) lora_delta(w, x, M, K, slot);  // before x may be swapped for a padded copy
+    const float* x_in = x;  // the BF16 path may swap x for a padded copy
     if (w.kind == F32) {
       auto xt = torch::from_blob(const_cast<float*>(x), {M, K}, torch::kFloat32);
       auto yt = torch::from_blob(y, {M, w.N}, torch::kFloat32);
@@ -315,34 +327,27 @@ class FusedLayers {
       for (int r = 0; r < M; ++r)
         for (int64_t n = 0; n < w.N; ++n) y[(size_t)r * w.N + n] += b[n];
     }
-    if (slot != nullptr && w.lora_a.defined()) lora_add(w, M, y, slot);
+    if (slot != nullptr && w.lora_a.defined()) lora(w, x_in, M, K, y, slot);
   }
 
-  // LoRA in two halves around the base product: lora_delta computes ax[t] = A_a x[t] (W dots of length K) for
-  // each token t of an adapter a = slot[t]; lora_add then adds y[t] += s B_a ax[t], the outputs split over the
-  // pool (a dot of length W per output and adapted token). The step runs one linear at a time: ax_ is scratch.
-  void lora_delta(const Lin& w, const float* x, int M, int64_t K, const int64_t* slot) const {
-    const int64_t W = w.lora_a.size(1);
-    const float* A = w.lora_a.data_ptr<float>();
-    ax_.assign((size_t)M * W, 0.f);
+  // y[t][part i] += s B_a[part i] (A_a,i x[t]) for each token t of an adapter a = slot[t]: the P W dot
+  // products of length K (A x), then W axpys along the part's outputs (s B^T rows). One task per token on the
+  // pool (a decode of one row runs inline; each linear's delta is small beside its base product).
+  void lora(const Lin& w, const float* x, int M, int64_t K, float* y, const int64_t* slot) const {
+    const int64_t PW = w.lora_a.size(1), W = w.lora_bt.size(1);
+    const float *A = w.lora_a.data_ptr<float>(), *BT = w.lora_bt.data_ptr<float>();
+    const bool avx2 = path_ != 0;
     row_pool().run(M, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> ax(PW);
       for (int64_t t = t0; t < t1; ++t) {
         if (slot[t] < 0) continue;
-        const float* a = A + (size_t)slot[t] * W * K;
-        for (int64_t j = 0; j < W; ++j) ax_[(size_t)t * W + j] = dot(a + j * K, x + (size_t)t * K, (int)K);
-      }
-    });
-  }
-
-  void lora_add(const Lin& w, int M, float* y, const int64_t* slot) const {
-    const int64_t W = w.lora_a.size(1);
-    const float* B = w.lora_b.data_ptr<float>();
-    row_pool().run(w.N, 64, [&](int64_t n0, int64_t n1) {
-      for (int t = 0; t < M; ++t) {
-        if (slot[t] < 0) continue;
-        const float *b = B + (size_t)slot[t] * w.N * W, *v = ax_.data() + (size_t)t * W;
+        const float *a = A + (size_t)slot[t] * PW * K, *bt = BT + (size_t)slot[t] * W * w.N;
+        for (int64_t j = 0; j < PW; ++j) ax[j] = dot(a + j * K, x + (size_t)t * K, (int)K);
         float* yt = y + (size_t)t * w.N;
-        for (int64_t n = n0; n < n1; ++n) yt[n] += dot(b + n * W, v, (int)W);
+        for (size_t i = 0; i + 1 < w.parts.size(); ++i) {  // part i's outputs take ax's W columns from i W
+          const int64_t lo = w.parts[i], n = w.parts[i + 1] - lo;
+          for (int64_t c = 0; c < W; ++c) (avx2 ? axpy_avx2 : axpy)(ax[i * W + c], bt + c * w.N + lo, yt + lo, n);
+        }
       }
     });
   }
@@ -352,7 +357,6 @@ class FusedLayers {
   int path_;
   std::vector<torch::Tensor> norms_, parts_;  // kept alive: layers_ points into them
   std::vector<Layer> layers_;
-  mutable std::vector<float> ax_;  // lora_delta's A x, read by lora_add (one step at a time: the engine's thread)
 };
 
 }  // namespace tinystack

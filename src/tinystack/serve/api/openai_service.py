@@ -91,7 +91,7 @@ def _usage(prep: Prepared, completion_tokens: int, usage: RequestUsage) -> dict[
 
 async def _echo(state: ServerState, prep: Prepared, ids: list[int]) -> tuple[str, list[TokenEvent]]:
     """A prompt as an echoed answer starts: its text, and its tokens (scored when logprobs are asked for)."""
-    return state.adapter.decode(ids), await prompt_events(state, ids, prep.params.logprobs)
+    return state.adapter.decode(ids), await prompt_events(state, ids, prep.params.logprobs, prep.lora)
 
 
 def _envelope(state: ServerState, kind: Kind, rid: str, created: int, stream: bool,

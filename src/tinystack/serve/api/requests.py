@@ -244,9 +244,6 @@ def prepare_completion(state: ServerState, body: CompletionRequest) -> Prepared:
             raise _param("prompt", f"{len(preps)} prompts x n = {prep.choices} sequences; this server runs or "
                                    f"queues at most {state.gate.capacity}", code=TOO_MANY_SEQUENCES)
     prep.echo, prep.lora = body.echo, lora_of(state, body.model)
-    if prep.echo and prep.params.logprobs is not None and prep.lora is not None:
-        raise _param("echo", "echo with logprobs scores the prompt with the base model only, not with a LoRA "
-                             "adapter", code=CONFLICTING_FIELDS)
     check_constraint(state, prep.params, param or "structured_outputs")
     return _streaming(prep, body)
 

@@ -82,9 +82,14 @@ class AsyncEngineAdapter:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    async def prompt_logprobs(self, ids: list[int], top_n: int) -> list[tuple[float | None, list]]:
-        """Each prompt token's logprob and top_n alternatives (eval.scoring.prompt_logprobs), on the engine thread."""
-        return await self._on_engine(lambda llm: prompt_logprobs(llm.model, ids, top_n))
+    async def prompt_logprobs(self, ids: list[int], top_n: int, lora: str | None = None
+                              ) -> list[tuple[float | None, list]]:
+        """Each prompt token's logprob and top_n alternatives (eval.scoring.prompt_logprobs) by the base model or
+        the LoRA adapter `lora`, on the engine thread; KeyError (its message) when that adapter is not loaded."""
+        def score(llm: Any) -> list[tuple[float | None, list]]:
+            with llm.adapter_forward(lora, len(ids)):
+                return prompt_logprobs(llm.model, ids, top_n)
+        return await self._on_engine(score)
 
     async def embed(self, ids: list[int], pooling: str) -> list[float]:
         """One input's embedding (infer/embeddings.py), computed on the engine thread between two steps."""

@@ -145,16 +145,20 @@ async def run(state: ServerState, prep: Prepared, usage: RequestUsage | None = N
             state.breaker.release_probe()
 
 
-async def prompt_events(state: ServerState, ids: list[int], top_n: int | None) -> list[TokenEvent]:
+async def prompt_events(state: ServerState, ids: list[int], top_n: int | None,
+                        lora: str | None = None) -> list[TokenEvent]:
     """A prompt's tokens as an echoed answer starts with them: with top_n (the request's logprobs), each scored
-    after the ones before it on the engine thread (eval.scoring.prompt_logprobs; the first has no logprob).
-    Raises ApiError 503 when the engine is dead."""
+    after the ones before it on the engine thread (eval.scoring.prompt_logprobs; the first has no logprob), by
+    the base model or the LoRA adapter `lora`. Raises ApiError 503 when the engine is dead, 404 when the adapter
+    was unloaded meanwhile."""
     if top_n is None:
         return [TokenEvent(t) for t in ids]
     try:
-        scored = await state.adapter.prompt_logprobs(ids, top_n)
+        scored = await state.adapter.prompt_logprobs(ids, top_n, lora)
     except EngineDead as e:
         raise _unavailable(state, str(e)) from None
+    except KeyError as e:
+        raise ApiError(404, e.args[0], "model_not_found", param="model") from None
     return [TokenEvent(t, lp, tuple(top)) for t, (lp, top) in zip(ids, scored)]
 
 
