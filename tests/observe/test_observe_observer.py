@@ -45,6 +45,7 @@ def test_finish_waits_for_every_sequence_cost_then_records():
 
     async def scenario():
         rec = record(200, key_id="k1", finish_reasons=["length", "length"])
+        rec.model = "legal"  # a LoRA adapter answered: its name labels the tokens and the cost
         usage = rec.engine_usage()
         usage.expect(2)
         stamps = (0.9, 1.0, 1.1)  # arrival, scheduled, first token
@@ -56,16 +57,18 @@ def test_finish_waits_for_every_sequence_cost_then_records():
 
     before, after = asyncio.run(scenario())
     log.close()
-    key = ("tinystack_request_device_seconds_total", (("key_id", "k1"),))
+    key = ("tinystack_request_device_seconds_total", (("key_id", "k1"), ("model", "legal")))
     assert key not in before and after[key] == pytest.approx(0.6)
-    assert after[("tinystack_request_cost_usd_total", (("key_id", "k1"),))] == pytest.approx(0.6 * 0.001)
-    assert after[("tinystack_generation_tokens_total", ())] == 6
-    assert after[("tinystack_prompt_tokens_total", ())] == 10
+    assert after[("tinystack_request_cost_usd_total", (("key_id", "k1"), ("model", "legal")))] == \
+        pytest.approx(0.6 * 0.001)
+    assert after[("tinystack_generation_tokens_total", (("model", "legal"),))] == 6
+    assert after[("tinystack_prompt_tokens_total", (("model", "legal"),))] == 10
     assert after[("tinystack_request_success_total", (("finished_reason", "length"),))] == 2
     assert after[("tinystack_e2e_request_latency_seconds_count", ())] == 1
     assert before[("tinystack_http_requests_total", (("route", "/v1/completions"), ("status", "200")))] == 1
     line = json.loads(out.getvalue())
     assert line["device_s"] == pytest.approx(0.6) and line["key_id"] == "k1" and line["failure"] is None
+    assert line["model"] == "legal"
 
 
 def test_an_overdue_cost_report_is_not_waited_for_forever():

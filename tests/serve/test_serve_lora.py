@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 import torch
+from obs_helpers import scrape, total
 from serve_helpers import PROMPT, FaultyModel, tiny_gpt
 
 from tinystack.config import InferConfig, ServeConfig
@@ -218,7 +219,9 @@ def test_loading_and_unloading_under_traffic_fails_nothing_and_leaks_no_blocks(s
         engine.shutdown()
 
 
-def test_the_request_log_names_the_adapter_that_answered(serve, tokenizer, tmp_path):
+def test_the_request_log_and_the_metrics_name_the_adapter_that_answered(serve, tokenizer, tmp_path):
+    """The log line's `model`, and the `model` label of the token and cost counters (cost per adapter)."""
+
     base = tiny_gpt(tokenizer)
     _adapter(base, TARGETS["attn"], 3).save(tmp_path / "attn")
     engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(num_kv_blocks=64)))
@@ -226,10 +229,15 @@ def test_the_request_log_names_the_adapter_that_answered(serve, tokenizer, tmp_p
         served = serve(engine, log=True, model_name="base", lora_modules=[f"attn={tmp_path / 'attn'}"])
         for model, rid in (("attn", "r-attn"), ("base", "r-base")):
             assert httpx.post(f"{served.url}/v1/completions", timeout=30, headers={"x-request-id": rid},
-                              json={"model": model, "prompt": PROMPT, "max_tokens": 2}).status_code == 200
+                              json={"model": model, "prompt": PROMPT, "max_tokens": 2,
+                                    "ignore_eos": True}).status_code == 200
         served.log.close()
         rows = {row["request_id"]: row for row in map(json.loads, served.log_path.read_text().splitlines())}
         assert rows["r-attn"]["model"] == "attn" and rows["r-base"]["model"] == "base"
+        m = scrape(served.url)
+        for model in ("attn", "base"):
+            assert total(m, "tinystack_generation_tokens_total", model=model) == 2
+            assert total(m, "tinystack_request_device_seconds_total", model=model) > 0
     finally:
         engine.shutdown()
 

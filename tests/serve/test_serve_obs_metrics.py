@@ -25,6 +25,7 @@ def test_metrics_after_known_traffic(serve, async_engine, tokenizer):
         assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 10_000}).status_code == 400
         assert c.get("/no/such/path/123").status_code == 404
         assert c.get("/metrics.json").json()["counters"]["timeouts"] == 0  # the JSON view is still there
+        served = c.get("/v1/models").json()["data"][0]["id"]  # the label of its tokens and cost
     after = scrape(s.url)
 
     def delta(name, **labels):
@@ -37,8 +38,8 @@ def test_metrics_after_known_traffic(serve, async_engine, tokenizer):
     assert delta("tinystack_request_failures_total", reason="validation") == 2
     assert sum(delta("tinystack_request_failures_total", reason=r) for r in
                ("overloaded", "timeout", "aborted", "engine_error")) == 0
-    assert delta("tinystack_generation_tokens_total") == 3 * 4 + 2 * 3
-    assert delta("tinystack_prompt_tokens_total") == 5 * prompt_len
+    assert delta("tinystack_generation_tokens_total", model=served) == 3 * 4 + 2 * 3
+    assert delta("tinystack_prompt_tokens_total", model=served) == 5 * prompt_len
     assert delta("tinystack_http_requests_total", route="/v1/completions", status=200) == 4
     assert delta("tinystack_http_requests_total", route="/v1/completions", status=400) == 1
     assert delta("tinystack_http_requests_total", route="/generate", status=422) == 1
@@ -52,7 +53,7 @@ def test_metrics_after_known_traffic(serve, async_engine, tokenizer):
     assert value(after, "tinystack_num_requests_waiting") == 0
     assert 0.0 <= value(after, "tinystack_kv_cache_usage") <= 1.0
     assert value(after, "tinystack_prefix_cache_queries_total") >= 5 * prompt_len - prompt_len
-    assert total(after, "tinystack_request_cost_usd_total", key_id="anonymous") > 0
+    assert total(after, "tinystack_request_cost_usd_total", key_id="anonymous", model=served) > 0
 
 
 @pytest.mark.parametrize("faulty_engine", ["continuous"], indirect=True)  # the engine's own queue

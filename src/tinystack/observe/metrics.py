@@ -4,10 +4,11 @@
         histograms  tinystack_time_to_first_token_seconds, _time_per_output_token_seconds,
                     _e2e_request_latency_seconds, _request_{queue,prefill,decode}_time_seconds
                     (successful generation requests)
-        counters    tinystack_prompt_tokens_total, _generation_tokens_total (every request,
-                    aborted and timed-out ones too: the engine computed those tokens),
+        counters    tinystack_prompt_tokens_total{model}, _generation_tokens_total{model} (every
+                    request, aborted and timed-out ones too: the engine computed those tokens),
                     _request_success_total{finished_reason}, _request_failures_total{reason},
-                    _request_{cost_usd,device_seconds,cpu_seconds}_total{key_id}
+                    _request_{cost_usd,device_seconds,cpu_seconds}_total{key_id,model}
+                    (model: the served model's name, or the LoRA adapter's that answered)
     per HTTP request  tinystack_http_requests_total{route,status}   (route template: bounded labels)
     per engine step   tinystack_batch_size                          (the engine's step listener)
     jitter            tinystack_gc_pause_seconds{generation}, tinystack_event_loop_lag_seconds (jitter.py)
@@ -133,22 +134,30 @@ class ServeMetrics:
         self.gc_pause = hist("tinystack_gc_pause_seconds", "Garbage-collector pauses.", PAUSE_BUCKETS, ("generation",))
         self.loop_lag = hist("tinystack_event_loop_lag_seconds", "How late the event loop woke a sleeping task.",
                              LATENCY_BUCKETS)
-        self.prompt_tokens = counter("tinystack_prompt_tokens", "Prompt tokens computed (aborted requests too).")
-        self.generation_tokens = counter("tinystack_generation_tokens", "Tokens generated (aborted requests too).")
+        self.prompt_tokens = counter("tinystack_prompt_tokens", "Prompt tokens computed (aborted requests too).",
+                                     ("model",))
+        self.generation_tokens = counter("tinystack_generation_tokens", "Tokens generated (aborted requests too).",
+                                         ("model",))
         self.success = counter("tinystack_request_success", "Finished sequences by finish reason.",
                                ("finished_reason",))
         self.failures = counter("tinystack_request_failures", "Failed generation requests by reason.", ("reason",))
         self.http = counter("tinystack_http_requests", "HTTP requests by route template and status.",
                             ("route", "status"))
-        self.cost = counter("tinystack_request_cost_usd", "Cost of requests (device seconds x price).", ("key_id",))
+        per_key = ("key_id", "model")
+        self.cost = counter("tinystack_request_cost_usd", "Cost of requests (device seconds x price).", per_key)
         self.device_s = counter("tinystack_request_device_seconds", "Device (wall) seconds of engine steps, "
-                                "shared by tokens.", ("key_id",))
+                                "shared by tokens.", per_key)
         self.cpu_s = counter("tinystack_request_cpu_seconds", "Process CPU seconds of engine steps, shared by tokens.",
-                             ("key_id",))
+                             per_key)
         for reason in FINISH_REASONS:  # labelled series exist (at 0) from the start
             self.success.labels(reason)
         for reason in FAILURE_REASONS:
             self.failures.labels(reason)
+
+    def serving(self, model: str) -> None:
+        """The served model's token counters exist (at 0) from the start."""
+        self.prompt_tokens.labels(model)
+        self.generation_tokens.labels(model)
 
     def observe_step(self, batch_size: int) -> None:
         self.batch_size.observe(batch_size)

@@ -54,12 +54,16 @@ class Observer:
         self._lag: asyncio.Task | None = None
         self._remove_listener: Callable[[], None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's event loop while it runs
+        self.model_name = ""  # the served model's (a request's `model` label unless an adapter answered it)
 
     # ------------------------------------------------------------ lifespan
     def start(self, read_engine: Callable[[], EngineReading | None] | None = None,
-              add_step_listener: Callable[[Callable[[Any], None]], Callable[[], None]] | None = None) -> None:
+              add_step_listener: Callable[[Callable[[Any], None]], Callable[[], None]] | None = None,
+              model_name: str = "") -> None:
         """Call on the server's event loop once the model is loaded."""
         self.loop = asyncio.get_running_loop()
+        self.model_name = model_name
+        self.metrics.serving(model_name)
         if read_engine is not None:
             self.metrics.engine.read = read_engine
             self.metrics.engine.start()
@@ -102,6 +106,7 @@ class Observer:
 
     def _record(self, rec: RequestRecord) -> None:
         m, t, usage = self.metrics, rec.timing, rec.usage
+        model = rec.model or self.model_name
         failure = failure_reason(rec) if rec.generation else None
         cost: dict[str, Any] = {}
         if usage is not None:
@@ -113,11 +118,11 @@ class Observer:
             proposed, accepted = usage.spec_tokens
             if proposed:  # speculative decoding: this request's acceptance
                 cost.update(spec_proposed_tokens=proposed, spec_accepted_tokens=accepted)
-            m.prompt_tokens.inc(usage.prompt_tokens)
-            m.generation_tokens.inc(usage.completion_tokens)
-            m.cost.labels(rec.key_id).inc(spent)
-            m.device_s.labels(rec.key_id).inc(usage.device_s)
-            m.cpu_s.labels(rec.key_id).inc(usage.cpu_s)
+            m.prompt_tokens.labels(model).inc(usage.prompt_tokens)
+            m.generation_tokens.labels(model).inc(usage.completion_tokens)
+            m.cost.labels(rec.key_id, model).inc(spent)
+            m.device_s.labels(rec.key_id, model).inc(usage.device_s)
+            m.cpu_s.labels(rec.key_id, model).inc(usage.cpu_s)
         if rec.generation:
             if failure is not None:
                 m.failures.labels(failure).inc()
@@ -133,6 +138,8 @@ class Observer:
             if usage is not None:
                 fields.setdefault("completion_tokens", usage.completion_tokens)
             fields["key_id"] = rec.key_id
+            if rec.usage is not None or rec.model:
+                fields["model"] = model
             if rec.generation:
                 fields["failure"] = failure
             fields.pop("request_id", None)

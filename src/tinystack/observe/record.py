@@ -20,6 +20,7 @@ class RequestRecord:
     fields: dict[str, Any] = field(default_factory=dict)  # extra log-line fields
     usage: RequestUsage | None = None  # set when the request reached the engine
     key_id: str = "anonymous"  # short id of the API key's hash (never the key)
+    model: str | None = None  # the model that answered: a LoRA adapter's name, or None for the served model
     route: str = "other"  # the route template ("/v1/completions"), never the raw path
     generation: bool = False  # a route that generates text (success / failure / latency metrics)
     failure: str | None = None  # set when the reason is known better than the status says

@@ -158,7 +158,7 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
         app.state.server = state
         logger.info("serving %s with %s", state.model_name, state.settings())
         dog = asyncio.create_task(watchdog(state.adapter, cfg.watchdog_interval_s))
-        observer.start(lambda: _engine_reading(app), state.adapter.add_step_listener)
+        observer.start(lambda: _engine_reading(app), state.adapter.add_step_listener, state.model_name)
         try:
             yield
         finally:

@@ -69,8 +69,8 @@ async def generate(request: Request, req: Validated, state: State, ctx: Context,
 
 async def _openai(request: Request, state: State, ctx: Context, who: str, kind: openai_service.Kind,
                   prep: Prepared) -> Any:
-    ctx.fields.update(prompt_tokens=prep.prompt_tokens, n=prep.n, stream=prep.stream,
-                      model=prep.lora or state.model_name)  # the log line names the adapter that answered
+    ctx.fields.update(prompt_tokens=prep.prompt_tokens, n=prep.n, stream=prep.stream)
+    ctx.model = prep.lora  # the log line and the metrics name the adapter that answered
     ctx.timing.mark_clamped("validated")
     check_rate(state, who, prep.tokens_asked)
     if not prep.stream:
