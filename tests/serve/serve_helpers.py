@@ -7,6 +7,7 @@ import torch
 from tinystack.config import InferConfig
 from tinystack.infer import AsyncEngine, LLMEngine
 from tinystack.model import GPT, GPTConfig
+from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.tokenizer import BPETokenizer
 
 PROMPT = "return the number of"
@@ -51,3 +52,12 @@ class FaultyModel(torch.nn.Module):
         if self.failing or (self.fail_rate and self.rng.random() < self.fail_rate):
             raise RuntimeError("injected engine fault (secret internal detail)")
         return self.inner(*args, **kwargs)
+
+
+def random_lora(base: torch.nn.Module, targets: tuple[str, ...], seed: int, rank: int = 4) -> LoRAAdapter:
+    """A LoRA adapter with random A and B on the modules of `base` named in `targets` (GPT-2's c_attn, ...)."""
+    g = torch.Generator().manual_seed(seed)
+    weights = {path: (torch.randn(rank, m.weight.shape[1], generator=g) * 0.5,
+                      torch.randn(m.weight.shape[0], rank, generator=g) * 0.5)
+               for path, m in base.named_modules() if path.rsplit(".", 1)[-1] in targets and hasattr(m, "weight")}
+    return LoRAAdapter(weights, rank, 2.0)

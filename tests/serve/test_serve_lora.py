@@ -12,24 +12,15 @@ import openai
 import pytest
 import torch
 from obs_helpers import scrape, total
-from serve_helpers import PROMPT, FaultyModel, tiny_gpt
+from serve_helpers import PROMPT, FaultyModel, random_lora, tiny_gpt
 
 from tinystack.config import InferConfig, ServeConfig
 from tinystack.infer import LLM, AsyncEngine, LLMEngine
-from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.sampling_params import SamplingParams
 from tinystack.serve import create_app
 
 TARGETS = {"attn": ("c_attn",), "mlp": ("c_fc", "c_proj"), "all": ("c_attn", "c_proj", "c_fc")}
 PROMPTS = [PROMPT, "the list of items", "return the"]
-
-
-def _adapter(base, targets, seed: int, rank: int = 4) -> LoRAAdapter:
-    g = torch.Generator().manual_seed(seed)
-    weights = {path: (torch.randn(rank, m.weight.shape[1], generator=g) * 0.5,
-                      torch.randn(m.weight.shape[0], rank, generator=g) * 0.5)
-               for path, m in base.named_modules() if path.rsplit(".", 1)[-1] in targets and hasattr(m, "weight")}
-    return LoRAAdapter(weights, rank, 2.0)
 
 
 def _merged_tokens(base, adapter, tokenizer) -> list[list[int]]:
@@ -44,7 +35,7 @@ def _merged_tokens(base, adapter, tokenizer) -> list[list[int]]:
 @pytest.fixture
 def lora_server(serve, tokenizer, tmp_path):
     base = tiny_gpt(tokenizer)
-    adapters = {name: _adapter(base, targets, i) for i, (name, targets) in enumerate(TARGETS.items())}
+    adapters = {name: random_lora(base, targets, i) for i, (name, targets) in enumerate(TARGETS.items())}
     for name, adapter in adapters.items():
         adapter.save(tmp_path / name)
     engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(max_num_seqs=16, num_kv_blocks=64,
@@ -97,7 +88,7 @@ def test_a_bad_lora_module_entry_is_one_line(async_engine, tmp_path):
 def test_adapters_load_and_unload_at_run_time_behind_the_admin_key(serve, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("TEST_ADMIN_KEYS", "s3cret")
     slow = FaultyModel(tiny_gpt(tokenizer))  # each step sleeps delay_s: a request that runs while it is unloaded
-    _adapter(slow, TARGETS["all"], 7).save(tmp_path / "late")
+    random_lora(slow, TARGETS["all"], 7).save(tmp_path / "late")
     engine = AsyncEngine(LLMEngine(copy.deepcopy(slow), tokenizer, InferConfig(max_num_seqs=4, num_kv_blocks=64)))
     admin = {"authorization": "Bearer s3cret"}
     try:
@@ -160,8 +151,8 @@ def test_bad_adapters_through_the_admin_route_are_400s_naming_why(serve, tokeniz
                                                                                max_lora_rank=8)))
     try:
         url = serve(engine, admin_key_env="TEST_ADMIN_KEYS").url
-        _adapter(base, TARGETS["all"], 1).save(tmp_path / "ok")
-        _adapter(base, TARGETS["all"], 2, rank=16).save(tmp_path / "wide")
+        random_lora(base, TARGETS["all"], 1).save(tmp_path / "ok")
+        random_lora(base, TARGETS["all"], 2, rank=16).save(tmp_path / "wide")
         (tmp_path / "broken").mkdir()
         (tmp_path / "broken" / "adapter_config.json").write_text("{not json")
         (tmp_path / "broken" / "adapter_model.safetensors").write_bytes(b"junk")
@@ -184,7 +175,7 @@ def test_loading_and_unloading_under_traffic_fails_nothing_and_leaks_no_blocks(s
     monkeypatch.setenv("TEST_ADMIN_KEYS", "s3cret")
     base = tiny_gpt(tokenizer)
     for name in ("steady", "churn"):
-        _adapter(base, TARGETS["all"], len(name)).save(tmp_path / name)
+        random_lora(base, TARGETS["all"], len(name)).save(tmp_path / name)
     engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(max_num_seqs=8, num_kv_blocks=64)))
     admin = {"authorization": "Bearer s3cret"}
     try:
@@ -223,7 +214,7 @@ def test_the_request_log_and_the_metrics_name_the_adapter_that_answered(serve, t
     """The log line's `model`, and the `model` label of the token and cost counters (cost per adapter)."""
 
     base = tiny_gpt(tokenizer)
-    _adapter(base, TARGETS["attn"], 3).save(tmp_path / "attn")
+    random_lora(base, TARGETS["attn"], 3).save(tmp_path / "attn")
     engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(num_kv_blocks=64)))
     try:
         served = serve(engine, log=True, model_name="base", lora_modules=[f"attn={tmp_path / 'attn'}"])
@@ -242,7 +233,7 @@ def test_the_request_log_and_the_metrics_name_the_adapter_that_answered(serve, t
         engine.shutdown()
 
 
-def test_echo_with_logprobs_scores_the_prompt_with_the_adapter(lora_server, tokenizer):
+def test_echo_with_logprobs_scores_the_prompt_with_therandom_lora(lora_server, tokenizer):
     """lm-evaluation-harness' loglikelihood request (echo, logprobs) under an adapter: the prompt's logprobs are
     those of the adapter's merged model, not the base's."""
     from tinystack.eval.scoring import prompt_logprobs

@@ -2,11 +2,13 @@
 
 One cluster for the module (starting Ray and two replicas is most of the time): the API through the
 gateway, streaming, the replica header, /health and /metrics per replica, a rate limit that holds
-across replicas, failover (a replica killed under load: only 200 / 429 / 503, streams end with
-[DONE], the count returns to 2), and a rolling update to another model under load.
+across replicas, a LoRA adapter of [serve] lora_modules served by every replica, failover (a replica killed
+under load: only 200 / 429 / 503, streams end with [DONE], the count returns to 2), and a rolling update to
+another model under load.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -15,10 +17,14 @@ from dataclasses import replace
 
 import httpx
 import pytest
-from serve_helpers import tiny_gpt
+import torch
+from serve_helpers import random_lora, tiny_gpt
 
 from tinystack.config import Config
-from tinystack.model.io import save_model
+from tinystack.infer import LLM
+from tinystack.model.io import load_model, save_model
+from tinystack.model.lora_adapter import LoRAAdapter
+from tinystack.sampling_params import SamplingParams
 from tinystack.serve import create_app, run_in_background
 
 ray = pytest.importorskip("ray", reason="the [dist] extra (ray[serve]) is part of the dev setup")
@@ -40,21 +46,21 @@ def _config() -> Config:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tokenizer):
     """(config, [first model dir, second model dir], handle, gateway url, limited gateway url, small gateway
-    url). The limited gateway allows 5 requests/min per key; the small one queues nothing beyond what the
-    replicas run (its admission gate: 2 replicas x 4 sequences)."""
+    url, the gateway's engine adapter). The limited gateway allows 5 requests/min per key; the small one queues
+    nothing beyond what the replicas run (its admission gate: 2 replicas x 4 sequences)."""
     dirs = []
     for seed in (0, 1):
         path = tmp_path_factory.mktemp(f"model{seed}")
         model = tiny_gpt(tokenizer)
         if seed:
-            import torch
-
             torch.manual_seed(seed)
             model = type(model)(model.config)
         save_model(model, path, eos_token_id=tokenizer.eos_token_id)
         tokenizer.save(path)
         dirs.append(path)
     cfg = _config()
+    random_lora(tiny_gpt(tokenizer), ("c_attn", "c_fc"), seed=5).save(lora := tmp_path_factory.mktemp("legal"))
+    cfg.serve.lora_modules = [f"legal={lora}"]  # each replica loads it at its start
     started = deploy.connect("", 2, 1.0)
     with ExitStack() as stack:
         stack.callback(deploy.shutdown, started)
@@ -69,7 +75,7 @@ def cluster(tmp_path_factory, tokenizer):
         small_url = stack.enter_context(run_in_background(create_app(adapter, small, model_dir=dirs[0]),
                                                           startup_timeout_s=30))
         _wait_for_replicas(url, 2, 60)
-        yield cfg, dirs, handle, url, limited_url, small_url
+        yield cfg, dirs, handle, url, limited_url, small_url, adapter
 
 
 # Seconds a replica may take to be replaced or rolled: ~10-40 s on an idle 2-core machine, several times that
@@ -163,6 +169,37 @@ def test_embeddings_and_echoed_prompt_logprobs_through_the_replicas(cluster):
               for r in echoed]
     assert scores[0][0][0] is None and all(lp is not None for lp in scores[0][0][1:])
     assert all(s == scores[0] for s in scores)
+
+
+def test_a_lora_adapter_of_lora_modules_is_served_by_every_replica(cluster, tokenizer):
+    """The adapter's answers through the gateway, from both replicas, equal its merged model's, token for token;
+    loading another at run time is refused (a replica Serve starts later would not have it)."""
+    cfg, dirs, _, url, *_ = cluster
+    assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]][1:] == ["legal"]
+    adapter = LoRAAdapter.load(cfg.serve.lora_modules[0].split("=", 1)[1])
+    merged = load_model(dirs[0])
+    with torch.no_grad():
+        for path, (a, b) in adapter.weights.items():
+            merged.get_submodule(path).weight += adapter.scale * b @ a
+    prompts = [f"return the number of items {i}" for i in range(16)]
+    want = [o.text for o in LLM(merged, tokenizer, weight_format="float32", memory_limit_mb=64).generate(
+        prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))]
+
+    def ask(i):
+        r = httpx.post(url + "/v1/completions", timeout=60, json={
+            "model": "legal", "prompt": prompts[i], "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["model"] == "legal", r.text
+        return r.json()["choices"][0]["text"], r.headers["x-tinystack-replica"]
+
+    with ThreadPool(8) as pool:  # at once: both replicas answer some
+        got = pool.map(ask, range(16))
+    assert [text for text, _ in got] == want
+    assert {replica for _, replica in got} == _replica_ids(url)
+    base = httpx.post(url + "/v1/completions", timeout=60, json={"prompt": prompts[0], "max_tokens": 6,
+                                                                 "temperature": 0, "ignore_eos": True})
+    assert base.json()["choices"][0]["text"] != want[0]  # the adapter changes the answer
+    with pytest.raises(NotImplementedError, match="at start only"):  # what /v1/load_lora_adapter answers 400 with
+        asyncio.run(cluster[6].add_lora("other", str(dirs[0])))
 
 
 def test_a_rate_limit_holds_across_replicas(cluster):

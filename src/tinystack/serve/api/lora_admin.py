@@ -34,6 +34,8 @@ async def load(state: ServerState, body: LoadLoRARequest) -> dict[str, str]:
                        "invalid_value", param="lora_name")
     try:
         await state.adapter.add_lora(body.lora_name, body.lora_path)
+    except NotImplementedError as e:  # engine replicas: adapters come with the deployment
+        raise ApiError(400, str(e), "invalid_value", param="lora_name") from None
     except (ValueError, OSError) as e:
         raise ApiError(400, f"{body.lora_path}: {e}", "invalid_value", param="lora_path") from None
     return {"status": "loaded", "lora_name": body.lora_name}
@@ -45,6 +47,8 @@ async def unload(state: ServerState, body: UnloadLoRARequest) -> dict[str, str]:
                        param="lora_name")
     try:
         await state.adapter.remove_lora(body.lora_name)
+    except NotImplementedError as e:  # engine replicas: adapters come with the deployment
+        raise ApiError(400, str(e), "invalid_value", param="lora_name") from None
     except ValueError as e:  # in use: its requests finish first
         raise ApiError(409, str(e), "adapter_in_use", param="lora_name") from None
     return {"status": "unloaded", "lora_name": body.lora_name}

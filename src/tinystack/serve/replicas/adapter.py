@@ -84,6 +84,8 @@ class ReplicaAdapter:
         self.max_seq_len: int = int(info["max_seq_len"])
         self.block_size: int = int(info["block_size"])
         self.max_num_seqs: int = int(info["max_num_seqs"]) * replicas  # the gate's share: all replicas
+        self.loras: list[str] = list(info["loras"])  # every replica loads [serve] lora_modules at its start
+        self.lora_errors: dict[str, str] = dict(info["lora_errors"])
         self.restarts = 0
         self.resent = 0  # requests sent again after their replica was lost
         self.cut = 0  # streams cut by a lost replica
@@ -157,8 +159,9 @@ class ReplicaAdapter:
         """One input's embedding on a replica Serve picks; a lost replica is EngineDead (a 503)."""
         return await self._call("embed", list(ids), pooling)
 
-    async def prompt_logprobs(self, ids: list[int], top_n: int) -> list[tuple[float | None, list]]:
-        return await self._call("prompt_logprobs", list(ids), top_n)
+    async def prompt_logprobs(self, ids: list[int], top_n: int, lora: str | None = None
+                              ) -> list[tuple[float | None, list]]:
+        return await self._call("prompt_logprobs", list(ids), top_n, lora)
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
@@ -194,13 +197,21 @@ class ReplicaAdapter:
         return handle
 
     def lora_names(self) -> list[str]:
-        return []  # LoRA adapters are served by one process only, so far
+        return list(self.loras)
 
     async def add_lora(self, name: str, path: str) -> None:
-        raise ValueError("serve.lora_modules: LoRA adapters are not served through replicas yet (serve.replicas 1)")
+        """The replicas loaded [serve] lora_modules at their start (a replaced or rolled one does too): this only
+        confirms `name` is among them, or raises the ValueError its replica met (the server's start stops on
+        it). Loading another at run time would leave the replicas Serve starts later without it: refused."""
+        if name in self.lora_errors:
+            raise ValueError(self.lora_errors[name])
+        if name not in self.loras:
+            raise NotImplementedError("through replicas, LoRA adapters are loaded at start only: list it in "
+                                      "serve.lora_modules (the rolling update loads it everywhere)")
 
     async def remove_lora(self, name: str) -> None:
-        raise ValueError(f"no LoRA adapter named {name!r} is loaded")
+        raise NotImplementedError("through replicas, LoRA adapters are unloaded by a rolling update without it "
+                                  "in serve.lora_modules")
 
     async def stream(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                      on_usage: UsageCallback | None = None, lora: str | None = None) -> AsyncIterator[TokenEvent]:
@@ -211,7 +222,8 @@ class ReplicaAdapter:
         usage: SequenceUsage | None = None
         try:
             for attempt in range(self.retries + 1):
-                call = self._handle_here().generate.remote(request_id, list(prompt_ids), params, prefix=hashes)
+                call = self._handle_here().generate.remote(request_id, list(prompt_ids), params, prefix=hashes,
+                                                           lora=lora)
                 ended = False
                 try:
                     async for batch in call:

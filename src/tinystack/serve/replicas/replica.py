@@ -4,7 +4,7 @@ Each replica loads its own AsyncEngine from the model directory and the [infer] 
 KV cache and memory budget) and serves it through the same `AsyncEngineAdapter` the single-process
 server uses. It speaks to the gateway (adapter.py) in plain picklable items:
 
-    generate(request_id, prompt_ids, params, prefix=)   async generator (Serve streaming) of lists of:
+    generate(request_id, prompt_ids, params, prefix=, lora=)   async generator (Serve streaming) of lists of:
         ("replica", id)        first, so the gateway knows who serves it before any token
         TokenEvent ...         one per generated token
         SequenceUsage          last: tokens, finish reason, engine stamps and cost
@@ -17,7 +17,8 @@ server uses. It speaks to the gateway (adapter.py) in plain picklable items:
                                finished sequences, and the hashes of the blocks in its prefix cache
     check_health()             Serve's health check: raises when the engine loop died, so Serve
                                replaces the replica
-    info()                     what the gateway must know to validate requests (context, batch size)
+    info()                     what the gateway must know to validate requests (context, batch size, the
+                               LoRA adapters loaded, and why any of [serve] lora_modules was not)
 
 Cancelling the generator (the client went away, the gateway gave up) aborts the sequence in the engine.
 """
@@ -46,7 +47,8 @@ def _replica_id() -> str:
 
 
 class EngineReplica:
-    def __init__(self, model_dir: str, infer: dict[str, Any], device: str = "cpu", threads: int = 0) -> None:
+    def __init__(self, model_dir: str, infer: dict[str, Any], device: str = "cpu", threads: int = 0,
+                 loras: tuple[tuple[str, str], ...] = ()) -> None:
         if threads > 0:  # Ray reserves `threads` CPUs for this replica; torch must not use every core
 
             torch.set_num_threads(threads)
@@ -54,18 +56,25 @@ class EngineReplica:
         self.engine = load_engine(model_dir, InferConfig(**infer), device)
         self.adapter = AsyncEngineAdapter(self.engine)
         self.replica_id = _replica_id()
+        self.lora_errors: dict[str, str] = {}  # [serve] lora_modules that did not load: the gateway refuses to start
+        for name, path in loras:  # before any request can reach this replica (its engine loop is idle)
+            try:
+                self.engine.engine.add_lora(name, path)
+            except (ValueError, OSError) as e:
+                self.lora_errors[name] = str(e)
 
     def info(self) -> dict[str, Any]:
         manager = getattr(self.adapter.llm, "block_manager", None)
         return {"replica": self.replica_id, "model_dir": self.model_dir, "max_seq_len": self.adapter.max_seq_len,
-                "max_num_seqs": self.adapter.max_num_seqs, "block_size": int(getattr(manager, "block_size", 16))}
+                "max_num_seqs": self.adapter.max_num_seqs, "block_size": int(getattr(manager, "block_size", 16)),
+                "loras": self.adapter.lora_names(), "lora_errors": self.lora_errors}
 
     async def generate(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                       prefix: list[int] | None = None) -> AsyncIterator[Any]:
+                       prefix: list[int] | None = None, lora: str | None = None) -> AsyncIterator[Any]:
         batch: list[Any] = [("replica", self.replica_id)]
         usage: list[SequenceUsage] = []
         try:
-            async for event in self.adapter.stream(request_id, prompt_ids, params, usage.append):
+            async for event in self.adapter.stream(request_id, prompt_ids, params, usage.append, lora):
                 batch.append(event)
                 if usage:  # reported before the last token: it travels with it
                     batch.append(usage.pop())
@@ -82,8 +91,9 @@ class EngineReplica:
     async def embed(self, ids: list[int], pooling: str) -> list[float]:
         return await self.adapter.embed(ids, pooling)
 
-    async def prompt_logprobs(self, ids: list[int], top_n: int) -> list[tuple[float | None, list]]:
-        return await self.adapter.prompt_logprobs(ids, top_n)
+    async def prompt_logprobs(self, ids: list[int], top_n: int, lora: str | None = None
+                              ) -> list[tuple[float | None, list]]:
+        return await self.adapter.prompt_logprobs(ids, top_n, lora)
 
     def record_routing_stats(self) -> dict[str, Any]:
         s = self.adapter.stats()
