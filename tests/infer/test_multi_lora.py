@@ -122,3 +122,38 @@ def test_an_adapter_in_use_is_not_unloaded_and_a_reloaded_one_starts_afresh(adap
     llm.engine.add_lora("a", made["mlp"])  # the same name, other weights: a new key, so nothing cached is reused
     assert _tokens(llm.generate(["some prompt"], GREEDY, lora="a")) == \
         _tokens(_llm(_merged(base, made["mlp"])).generate(["some prompt"], GREEDY))
+
+
+def test_a_new_version_replaces_an_adapter_without_cutting_its_running_requests(adapters):
+    """add_lora(replace=True), what a server following the registry does on a promotion: the request running
+    with the old version ends with the old version's tokens, a request added after gets the new one's, and the
+    old version's weights are freed once its last request ends."""
+    base, made = adapters
+    want = {name: _tokens(_llm(_merged(base, made[name])).generate(["some prompt"], GREEDY))[0]
+            for name in ("qv", "all")}
+    llm = _llm(base)
+    engine = llm.engine
+    engine.add_lora("a", made["qv"])
+    old = engine.loras.keys["a"]
+    engine.add_request("r-old", "some prompt", GREEDY, lora="a")
+    got: dict[str, list[int]] = {"r-old": [], "r-new": []}
+
+    def step():
+        for delta in engine.step(flush=True):
+            got[delta.request_id] += delta.token_ids
+
+    for _ in range(3):
+        step()
+    engine.add_lora("a", made["all"], replace=True)
+    assert engine.loras.keys["a"] != old and old in engine.loras.resident  # still running with it
+    engine.add_request("r-new", "some prompt", GREEDY, lora="a")
+    while engine.has_unfinished():
+        step()
+    assert got == {"r-old": want["qv"], "r-new": want["all"]}
+    step()  # a step with nothing running frees the retired version
+    assert old not in engine.loras.resident and engine.lora_names == ["a"]
+    with pytest.raises(ValueError, match="max_lora_rank"):  # a replacement that does not fit leaves the old
+        engine.add_lora("a", LoRAAdapter({"model.layers.0.self_attn.q_proj": (torch.zeros(65, 48),
+                                                                              torch.zeros(192, 65))}, 65, 1.0),
+                        replace=True)
+    assert _tokens(llm.generate(["some prompt"], GREEDY, lora="a")) == [want["all"]]

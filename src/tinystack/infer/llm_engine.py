@@ -169,21 +169,33 @@ class LLMEngine:
         return seq
 
     # -- LoRA adapters (infer/lora.py) --
-    def add_lora(self, name: str, adapter: LoRAAdapter | str | Path) -> None:
+    def add_lora(self, name: str, adapter: LoRAAdapter | str | Path, replace: bool = False) -> None:
         """Load an adapter (a LoRAAdapter, or a PEFT directory) under `name`: requests that name it run with it,
         batched with every other. ValueError (naming what differs) for one that does not fit this model, or past
-        infer.max_loras / max_lora_rank."""
+        infer.max_loras / max_lora_rank. `replace`: a new version of a loaded one (a registry promotion): requests
+        added from now on run with it, the ones running finish with the old, which is freed after them."""
         if self.loras is None:
             if getattr(self.model, "needs_full_sequence", False):
                 raise ValueError("LoRA adapters need the torch runtime")
             self.loras = self.runner.loras = AdapterSet(self.model, self.config.max_loras, self.config.max_lora_rank)
-        self.loras.add(name, adapter if isinstance(adapter, LoRAAdapter) else LoRAAdapter.load(adapter))
+        adapter = adapter if isinstance(adapter, LoRAAdapter) else LoRAAdapter.load(adapter)
+        if replace and name in self.loras.keys:
+            self.loras.replace(name, adapter)
+            self._drop_retired()
+        else:
+            self.loras.add(name, adapter)
+
+    def _drop_retired(self) -> None:
+        """Free replaced adapter versions no sequence runs with any more."""
+        for key in list(self.loras.retired):
+            if not any(s.lora_key == key for s in self._seqs.values()):
+                self.loras.drop(key)
 
     def remove_lora(self, name: str) -> None:
         """Unload an adapter; a ValueError while a request still runs with it (it is never cut short)."""
         if self.loras is None or name not in self.loras.keys:
             raise ValueError(f"no LoRA adapter named {name!r} is loaded")
-        if users := [s.request_id for s in self._seqs.values() if s.lora_name == name]:
+        if users := [s.request_id for s in self._seqs.values() if s.lora_key == self.loras.keys[name]]:
             raise ValueError(f"LoRA adapter {name!r} is in use by {len(users)} request(s); unload it when they end")
         self.loras.remove(name)
 
@@ -257,6 +269,8 @@ class LLMEngine:
     # -- one step --
     def step(self, flush: bool = False) -> list[TokenDelta]:
         t0, c0 = time.perf_counter(), time.process_time()
+        if self.loras is not None and self.loras.retired:
+            self._drop_retired()
         batch = self.scheduler.schedule(flush=flush)
         if not batch:
             return []

@@ -20,6 +20,8 @@ multiplying its own r columns of x A^T.
         .add(name, adapter)     checked against the model (every module exists, shapes fit, rank <= max_lora_rank,
                                 at most max_loras resident): a ValueError naming what differs; returns its key
         .remove(name)           (the engine refuses while a sequence uses it)
+        .replace(name, adapter) a new version under the same name: new sequences get it (a new key), the old key
+                                stays resident in `retired` until its last sequence ends (the engine drops it)
         .rows(slots)            context manager for one step: slots[t] = the adapter key of packed token t (0: base)
 
 Each adapter gets a key never used before (1, 2, ...): the prefix cache salts its block hashes with it, so two
@@ -131,6 +133,7 @@ class AdapterSet:
         self.model, self.max_loras, self.max_lora_rank = model, max_loras, max_lora_rank
         self.keys: dict[str, int] = {}  # adapter name -> key
         self.resident: list[int] = []  # the keys, in load order: the projections' stacks follow it
+        self.retired: set[int] = set()  # keys replaced under their name, resident while sequences still use them
         self.step: _Step | None = None
         self.version = 0  # bumped whenever the stacks change (the fused step re-reads them)
         self._next_key = 1
@@ -204,10 +207,26 @@ class AdapterSet:
             sbt[:, lo:hi] = adapter.scale * pb.T.to(self.device, self.dtype)
         return a, sbt
 
+    def replace(self, name: str, adapter: LoRAAdapter) -> int:
+        """`adapter` under `name` for new sequences (checked as add checks it); the old version's key retired."""
+        old = self.keys.pop(name)
+        try:
+            key = self.add(name, adapter)
+        except ValueError:
+            self.keys[name] = old
+            raise
+        self.retired.add(old)
+        return key
+
     def remove(self, name: str) -> None:
         key = self.keys.pop(name, None)
         if key is None:
             raise KeyError(name)
+        self.drop(key)
+
+    def drop(self, key: int) -> None:
+        """Free a key's weights (one no name maps to any more: removed, or retired and unused)."""
+        self.retired.discard(key)
         for wrapper, *_ in self.projections.values():
             wrapper.deltas.pop(key, None)
             wrapper.ranks.pop(key, None)

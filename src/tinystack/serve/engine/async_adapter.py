@@ -26,6 +26,7 @@ from tinystack.infer import AsyncEngine
 from tinystack.infer.embeddings import embed
 from tinystack.infer.llm_engine import PromptError
 from tinystack.infer.memory import AdmissionError
+from tinystack.model.lora_adapter import LoRAAdapter
 from tinystack.observe.usage import SequenceUsage
 from tinystack.sampling_params import SamplingParams
 from tinystack.serve.engine.adapter import (
@@ -157,9 +158,11 @@ class AsyncEngineAdapter:
     def lora_names(self) -> list[str]:
         return self.llm.lora_names
 
-    async def add_lora(self, name: str, path: str) -> None:
-        """Load a PEFT adapter on the engine thread (between two steps); ValueError when it does not fit."""
-        await self.engine.call(lambda engine: engine.add_lora(name, path))
+    async def add_lora(self, name: str, path: str, replace: bool = False) -> None:
+        """Load a PEFT adapter on the engine thread (between two steps); ValueError when it does not fit.
+        `replace`: a new version of a loaded one (LLMEngine.add_lora)."""
+        adapter = await asyncio.to_thread(LoRAAdapter.load, path)  # reading the file off the engine thread
+        await self.engine.call(lambda engine: engine.add_lora(name, adapter, replace))
 
     async def remove_lora(self, name: str) -> None:
         """Unload an adapter on the engine thread; ValueError while a request still runs with it."""

@@ -199,10 +199,12 @@ class ReplicaAdapter:
     def lora_names(self) -> list[str]:
         return list(self.loras)
 
-    async def add_lora(self, name: str, path: str) -> None:
+    async def add_lora(self, name: str, path: str, replace: bool = False) -> None:
         """The replicas loaded [serve] lora_modules at their start (a replaced or rolled one does too): this only
         confirms `name` is among them, or raises the ValueError its replica met (the server's start stops on
         it). Loading another at run time would leave the replicas Serve starts later without it: refused."""
+        if replace:
+            raise NotImplementedError("through replicas, a new adapter version comes with a rolling update")
         if name in self.lora_errors:
             raise ValueError(self.lora_errors[name])
         if name not in self.loras:
