@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import pytest
 from serve_helpers import FaultyModel, tiny_gpt, unbatched  # noqa: E402  (shared with the test files)
 
-from tinystack.config import InferConfig, ServeConfig
+from tinystack.config import InferConfig, RunConfig, ServeConfig
 from tinystack.infer import AsyncEngine, LLMEngine
 from tinystack.model import GPT
 from tinystack.model.io import save_model
@@ -92,12 +92,13 @@ class Served:
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """serve(engine, log=False, include_text=False, model_dir=None, max_num_seqs=None, **ServeConfig overrides)
-    -> Served; stopped at teardown. `max_num_seqs` caps the engine's scheduler (infer.max_num_seqs; never above
-    what the engine was built for, so an unbatched engine stays unbatched); the admission gate follows it."""
+    """serve(engine, log=False, include_text=False, model_dir=None, max_num_seqs=None, registry=RunConfig's,
+    **ServeConfig overrides) -> Served; stopped at teardown. `max_num_seqs` caps the engine's scheduler
+    (infer.max_num_seqs; never above what the engine was built for, so an unbatched engine stays unbatched); the
+    admission gate follows it."""
     with ExitStack() as stack:
         def start(engine: AsyncEngine, log: bool = False, include_text: bool = False, model_dir: Path | None = None,
-                  max_num_seqs: int | None = None, **overrides) -> Served:
+                  max_num_seqs: int | None = None, registry: Path | str = RunConfig.registry, **overrides) -> Served:
             if max_num_seqs is not None:
                 scheduler = engine.engine.scheduler
                 stack.callback(setattr, scheduler, "max_num_seqs", scheduler.max_num_seqs)
@@ -107,7 +108,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
             request_log = setup_request_log(log_path, include_text=include_text) if log else None
             if request_log is not None:
                 stack.callback(request_log.close)  # after the server stopped (callbacks run LIFO)
-            app = create_app(engine, cfg, request_log, model_dir=model_dir)
+            app = create_app(engine, cfg, request_log, model_dir=model_dir, registry=registry)
             url = stack.enter_context(run_in_background(app, startup_timeout_s=10, shutdown_timeout_s=5))
             return Served(url, engine, app, request_log, log_path)
 

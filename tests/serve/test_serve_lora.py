@@ -12,10 +12,12 @@ import openai
 import pytest
 import torch
 from obs_helpers import scrape, total
-from serve_helpers import PROMPT, FaultyModel, random_lora, tiny_gpt
+from serve_helpers import PROMPT, FaultyModel, random_lora, tiny_gpt, wait_for
 
 from tinystack.config import InferConfig, ServeConfig
+from tinystack.eval.registry import ModelRegistry
 from tinystack.infer import LLM, AsyncEngine, LLMEngine
+from tinystack.model.io import save_model
 from tinystack.sampling_params import SamplingParams
 from tinystack.serve import create_app
 
@@ -257,3 +259,45 @@ def test_echo_with_logprobs_scores_the_prompt_with_therandom_lora(lora_server, t
         assert got[0] is None and want[0] is None
         assert got[1:] == pytest.approx(want[1:], abs=1e-4), name
     assert echoed("base")[1:] != pytest.approx(echoed("attn")[1:], abs=1e-3)
+
+
+def test_an_adapter_from_the_registry_is_served_and_each_promotion_loaded_while_serving(serve, tokenizer, tmp_path,
+                                                                                        monkeypatch):
+    """`--lora-modules legal=registry:legal` serves the registry's current adapter of that name and loads each
+    later promotion without a restart; `registry:legal@v1` stays pinned; a registry model that is not an adapter,
+    or a name the registry lacks, stops the start with one line."""
+    from tinystack.serve import lora_modules
+
+    monkeypatch.setattr(lora_modules, "FOLLOW_INTERVAL_S", 0.05)
+    base = tiny_gpt(tokenizer)
+    reg = ModelRegistry(tmp_path / "registry")
+    gated = {"lineage": {"finetune": {"rejected": None, "heldout": {"delta": -0.5, "current": None}}}}
+    made = {name: random_lora(base, TARGETS[name], seed) for name, seed in (("attn", 11), ("mlp", 12))}
+    for name, adapter in made.items():
+        adapter.save(tmp_path / name)
+    reg.promote("legal", reg.add("legal", tmp_path / "attn", gated))
+    want = {name: tokenizer.decode(_merged_tokens(base, made[name], tokenizer)[0]) for name in made}
+    engine = AsyncEngine(LLMEngine(copy.deepcopy(base), tokenizer, InferConfig(num_kv_blocks=64,
+                                                                               weight_format="float32")))
+    try:
+        served = serve(engine, model_name="base", lora_modules=["legal=registry:legal", "old=registry:legal@v1"],
+                       registry=tmp_path / "registry")
+
+        def ask(model):
+            r = httpx.post(f"{served.url}/v1/completions", timeout=30, json={
+                "model": model, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        assert ask("legal") == ask("old") == want["attn"]
+        reg.promote("legal", reg.add("legal", tmp_path / "mlp", gated))
+        assert wait_for(lambda: ask("legal") == want["mlp"], timeout=10)
+        assert ask("old") == want["attn"]  # pinned
+        assert sorted(served.state.adapter.lora_names()) == ["legal", "old"]
+    finally:
+        engine.shutdown()
+    save_model(base, tmp_path / "full")
+    reg.promote("full", reg.add("full", tmp_path / "full", {}))
+    for spec, why in (("registry:full", "is a model, not a LoRA adapter"), ("registry:nope", "no promoted model")):
+        with pytest.raises(ValueError, match=why):
+            create_app(served.engine, ServeConfig(lora_modules=[f"x={spec}"]), registry=tmp_path / "registry")

@@ -209,3 +209,34 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, monkeypatch, 
         err = out.err.strip()
         assert code == 2 and message in err and "\n" not in err, err
         assert not (tmp_path / "out").exists() and not (tmp_path / "out_finetune").exists()
+
+
+def test_a_lora_fine_tune_registers_its_adapter_gated_against_the_base_and_the_current_adapter(knowing_base,
+                                                                                               tmp_path):
+    """--register with LoRA puts the adapter (PEFT's layout, its base named by hash) into the registry: current when
+    it beats the base; a later one that does not beat the current adapter on its own held-out split is added,
+    never promoted, and `models promote` refuses it naming the adapter it lost to."""
+    from tinystack.atomic import file_sha256
+
+    data = write_jsonl(tmp_path / "narrow.jsonl", _conversations(answer="alpha beta gamma"))
+    registry = tmp_path / "registry"
+
+    def tune(out, *sets):
+        cfg = load_config(None, [*GUARDED, "finetune.lora=4", "finetune.allow_forgetting=true",
+                                 "finetune.register=ada", f"run.registry={registry}", *sets],
+                          defaults=FINETUNE_DEFAULTS)
+        return finetune(knowing_base, data, tmp_path / out, cfg, progress=False)
+
+    first = tune("v1", "train.learning_rate=0.01", "train.max_iters=8")
+    reg = ModelRegistry(registry)
+    assert first["heldout"]["delta"] < 0 and first["heldout"]["current"] is None
+    assert reg.current("ada") == "v1" and (reg.model_dir("ada") / "adapter_config.json").is_file()
+    record = reg.record("ada")
+    assert record["kind"] == "lora" and record["base_model_sha256"] == file_sha256(knowing_base / "model.safetensors")
+
+    second = tune("v2", "train.learning_rate=1e-5", "train.max_iters=1")  # hardly trained: worse than v1
+    current = second["heldout"]["current"]
+    assert current["version"] == "v1" and current["delta"] > 0 and second["heldout"]["delta"] < current["delta"]
+    assert reg.versions("ada") == ["v1", "v2"] and reg.current("ada") == "v1"
+    with pytest.raises(RegistryError, match="not below that of v1, the adapter current when it was registered"):
+        reg.promote("ada", "v2")

@@ -1,8 +1,9 @@
 """The model registry: promoted models per name, with their lineage, and which one is current.
 
     <root>/<name>/index.json              {"current": "v3", "promotions": ["v1", "v2", "v3"], "next": 4}
-    <root>/<name>/v3/model/               the model directory (hard links to the source files where the
-                                          filesystem allows, else a copy): the registry owns what it serves
+    <root>/<name>/v3/model/               the model directory, or a LoRA adapter's (PEFT's layout; its record
+                                          names the base by hash), as hard links to the source files where the
+                                          filesystem allows, else a copy: the registry owns what it serves
     <root>/<name>/v3/record.json          lineage: model / data manifest / tokenizer hashes, training config,
                                           metrics, regression results, source path, time
     <root>/<name>/v3/cases.jsonl          the regression set the version was gated with (the next
@@ -37,7 +38,10 @@ class RegistryError(ValueError):
 
 
 def lineage_record(model_dir: Path) -> dict[str, Any]:
-    """What the registry records of a model directory: its weights hash and the lineage it carries."""
+    """What the registry records of a model directory: its weights hash and the lineage it carries (for a LoRA
+    adapter's directory: kind "lora" and its weights hash; the caller adds the base and the lineage)."""
+    if is_adapter(model_dir):
+        return {"kind": "lora", "model_sha256": file_sha256(model_dir / "adapter_model.safetensors")}
     lineage = read_json(model_dir / "tinystack.json") if (model_dir / "tinystack.json").is_file() else {}
     weights = model_dir / "model.safetensors"
     return {"model_sha256": file_sha256(weights) if weights.is_file() else None,
@@ -47,10 +51,15 @@ def lineage_record(model_dir: Path) -> dict[str, Any]:
             "metrics": lineage.get("metrics"), "lineage": lineage}
 
 
+def is_adapter(path: Path) -> bool:
+    return (Path(path) / "adapter_config.json").is_file()
+
+
 def finetune_refusal(record: dict[str, Any]) -> str | None:
     """Why a fine-tuned model may never be promoted, or None: the fine-tune's own gate (train/finetune.py)
-    is target cases better (held-out loss below the base's) and general prompts not worse (the forgetting
-    guard passed, or was overridden with finetune.allow_forgetting)."""
+    is target cases better (held-out loss below the base's, and for an adapter below the adapter current under
+    its name when it was registered) and general prompts not worse (the forgetting guard passed, or was
+    overridden with finetune.allow_forgetting)."""
     ft = (record.get("lineage") or {}).get("finetune")
     if not ft:
         return None
@@ -59,6 +68,10 @@ def finetune_refusal(record: dict[str, Any]) -> str | None:
     delta = (ft.get("heldout") or {}).get("delta")
     if delta is not None and delta >= 0:
         return f"the fine-tune's held-out loss is not below its base's ({delta:+.3f} nats/token)"
+    current = (ft.get("heldout") or {}).get("current")
+    if current and current["delta"] >= 0:
+        return (f"its held-out loss is not below that of {current['version']}, the adapter current when it was "
+                f"registered ({current['delta']:+.3f} nats/token)")
     return None
 
 
@@ -97,8 +110,8 @@ class ModelRegistry:
     def add(self, name: str, model_dir: Path, record: dict[str, Any], cases: Path | None = None) -> str:
         """Store `model_dir` as the next version of `name` (not current yet); return its id ("v4")."""
         model_dir = Path(model_dir)
-        if not (model_dir / "config.json").is_file():
-            raise RegistryError(f"{model_dir} is not a model directory (no config.json)")
+        if not (model_dir / "config.json").is_file() and not is_adapter(model_dir):
+            raise RegistryError(f"{model_dir} is not a model directory (no config.json) nor a LoRA adapter's")
         with self._locked(name):
             idx = self.index(name)
             version = f"v{idx['next']}"

@@ -63,6 +63,14 @@ class LoRAAdapter:
             raise ValueError(f"{path}: no lora_A / lora_B tensors in {WEIGHTS_FILE}")
         return cls(weights, rank, scale, str(path))
 
+    def merge_into(self, model: torch.nn.Module) -> torch.nn.Module:
+        """W += scale B A on each adapted module of `model` (its unfused module paths), in place; returns it."""
+        with torch.no_grad():
+            for module, (a, b) in self.weights.items():
+                weight = model.get_submodule(module).weight
+                weight += (self.scale * b.to(weight) @ a.to(weight))
+        return model
+
     def save(self, path: str | Path, base_model: str = "") -> None:
         """PEFT's layout (what `peft.PeftModel.from_pretrained` reads), scale as lora_alpha = scale * r."""
         path = Path(path)

@@ -28,13 +28,14 @@ from typing import Any
 from fastapi import Depends, FastAPI
 
 from tinystack.atomic import read_json
-from tinystack.config import ServeConfig
+from tinystack.config import RunConfig, ServeConfig
 from tinystack.infer.chat import ChatFormatter, ChatTemplateError, chat_formatter, load_chat_template
 from tinystack.model.generation_config import sampling_defaults
 from tinystack.observe.logs import RequestLog
 from tinystack.observe.metrics import EngineReading, ServeMetrics
 from tinystack.observe.observer import Observer
 from tinystack.observe.tracing import make_tracer
+from tinystack.serve import lora_modules
 from tinystack.serve.api.deps import authenticate
 from tinystack.serve.api.errors import install_error_handlers
 from tinystack.serve.api.middleware import RequestContextMiddleware
@@ -63,21 +64,6 @@ def checked_inputs(cfg: ServeConfig, model_dir: str | Path | None) -> tuple[KeyC
     except ChatTemplateError as e:
         raise ValueError(f"{model_dir}: {e}") from None
     return keys, sampling_defaults(model_dir) if cfg.model_sampling_defaults else {}
-
-
-def lora_modules(cfg: ServeConfig) -> list[tuple[str, str]]:
-    """[serve] lora_modules ("name=PATH", vLLM's --lora-modules) as (name, path); ValueError for a bad entry."""
-    out: list[tuple[str, str]] = []
-    for entry in cfg.lora_modules:
-        name, sep, path = entry.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"serve.lora_modules: {entry!r} is not NAME=PATH")
-        if not Path(path).is_dir():
-            raise ValueError(f"serve.lora_modules: {path} (for {name!r}) is not a directory")
-        if name in {n for n, _ in out} or name == cfg.model_name:
-            raise ValueError(f"serve.lora_modules: the name {name!r} is given twice")
-        out.append((name, path))
-    return out
 
 
 def build_state(engine: Any, cfg: ServeConfig, model_dir: str | Path | None = None,
@@ -132,7 +118,8 @@ def _engine_reading(app: FastAPI) -> EngineReading | dict[str, EngineReading] | 
 
 
 def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = None, *,
-               model_dir: str | Path | None = None, span_exporter: Any = None) -> FastAPI:
+               model_dir: str | Path | None = None, span_exporter: Any = None,
+               registry: str | Path = RunConfig.registry) -> FastAPI:
     """The serving app for `engine` (a `tinystack.infer.AsyncEngine`).
 
     Raises ValueError for a bad API key file or generation_config.json (checked_inputs).
@@ -141,30 +128,37 @@ def create_app(engine: Any, cfg: ServeConfig, request_log: RequestLog | None = N
     (tokenizer_config.json) and the default model name come from. `span_exporter` (an
     OpenTelemetry SpanExporter) receives the request spans, as `cfg.otel_exporter` would. Run the
     app with `serve_forever` or `run_in_background`. `app.state.server` is the running ServerState,
-    `app.state.observer` the Observer (its `metrics.registry` is this app's own).
+    `app.state.observer` the Observer (its `metrics.registry` is this app's own). `registry` (run.registry):
+    where `lora_modules` entries NAME=registry:REG are found and followed (lora_modules.py).
     """
 
     inputs = checked_inputs(cfg, model_dir)  # a bad key file or generation_config.json: a ValueError here
-    loras = lora_modules(cfg)
+    loras = lora_modules.load_list(cfg, registry)  # (name, spec, path, followed, version); a bad one: ValueError
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = build_state(engine, cfg, model_dir, inputs)
-        for name, path in loras:  # on the engine's thread; one that does not fit stops the start, naming it
+        watched: dict[str, list[str]] = {}  # served name -> [registry name, version loaded]
+        for name, spec, path, followed, version in loras:  # one that does not fit stops the start, naming it
             try:
-                await state.adapter.add_lora(name, path)
+                await state.adapter.add_lora(name, str(path))  # on the engine's thread
             except ValueError as e:
-                raise ValueError(f"serve.lora_modules {name}={path}: {e}") from None
+                raise ValueError(f"serve.lora_modules {name}={spec}: {e}") from None
+            if followed:
+                watched[name] = [followed, version]
         app.state.server = state
         logger.info("serving %s with %s", state.model_name, state.settings())
         dog = asyncio.create_task(watchdog(state.adapter, cfg.watchdog_interval_s))
+        tasks = [dog] + ([asyncio.create_task(lora_modules.follow(state.adapter, watched, registry))]
+                         if watched else [])
         observer.start(lambda: _engine_reading(app), state.adapter.add_step_listener, state.model_name)
         try:
             yield
         finally:
-            dog.cancel()
-            with suppress(asyncio.CancelledError):
-                await dog
+            for task in tasks:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
             await observer.stop()
             app.state.server = None
             state.adapter.close()

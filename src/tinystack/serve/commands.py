@@ -56,7 +56,7 @@ def serve(cfg: Config, model: Annotated[str, Opt(help="Model directory, or regis
         for key, value in sorted(asdict(getattr(cfg, section)).items()):
             typer.echo(f"  {section}.{key} = {value!r}", err=True)
     try:
-        app = create_app(engine, scfg, request_log=request_log, model_dir=model)
+        app = create_app(engine, scfg, request_log=request_log, model_dir=model, registry=cfg.run.registry)
     except (ValueError, ImportError) as e:  # e.g. a malformed key file, or the [otel] extra missing
         request_log.close()
         stop_engine()

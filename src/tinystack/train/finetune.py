@@ -45,7 +45,6 @@ from tinystack.config import Config, FinetuneConfig, TrainConfig
 from tinystack.data.io.records import write_jsonl
 from tinystack.data.io.rejects import Rejects
 from tinystack.eval.case_sets import build_chat_cases
-from tinystack.eval.registry import ModelRegistry, finetune_refusal
 from tinystack.eval.regression import write_cases
 from tinystack.eval.scoring import score_batches
 from tinystack.eval.threads import torch_threads
@@ -57,6 +56,7 @@ from tinystack.train.checkpoint import save_model_dir
 from tinystack.train.distributed import is_main_process
 from tinystack.train.finetune_batches import ConversationBatches, encode_conversation, fixed_batches
 from tinystack.train.finetune_data import prepare_conversations
+from tinystack.train.finetune_registry import register, versus_current
 from tinystack.train.guard import ForgettingError, ForgettingGuard
 from tinystack.train.loop import train_model
 from tinystack.train.lora import extract_adapter, inject_lora, merge_lora
@@ -187,6 +187,9 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         model = merge_lora(model).float().eval()
         unplan_linears(model)  # an ordinary module again: scored, guarded and saved as inference loads it
         heldout = heldout_comparison(model, base_dir, val_batches, result.dtype, cfg.run.device, len(val_ex))
+        if ft.register and adapter is not None and main:  # the registry's gate: also the adapter it would replace
+            heldout["current"] = versus_current(cfg.run.registry, ft.register, base_dir, val_batches,
+                                                heldout["finetuned_loss"], result.dtype, cfg.run.device)
         kept = guard.check(model) if guard else None
     rejected = kept is not None and not kept["passed"] and not ft.allow_forgetting
     report: dict[str, Any] = {
@@ -214,7 +217,8 @@ def finetune(base_dir: str | Path, data_path: str | Path, out_dir: str | Path, c
         plot_loss_curve(work / "log.jsonl", work / "loss.png", title=f"{out_dir.name}: fine-tuning loss")
     _print_report(report, result, trainable, out_dir, work, base_dir, cases)
     if ft.register:
-        _register(ft.register, out_dir, cfg.run.registry)
+        register(ft.register, out_dir, work / "adapter" if adapter is not None else None, report, base_dir,
+                 cfg.run.registry)
     if rejected:
         raise ForgettingError(f"{out_dir} forgot what {base_dir.name} knew: {report['rejected']}; written "
                               "marked rejected (never promotable); --replay N or a smaller learning rate usually "
@@ -231,6 +235,10 @@ def _print_report(report: dict[str, Any], result: Any, trainable: int, out_dir: 
     h, r = report["heldout"], report["retention"]
     console.print(f"target  held-out ({h['conversations']} conversations, {h['assistant_tokens']} assistant tokens): "
                   f"base {h['base_loss']:.3f} -> fine-tuned {h['finetuned_loss']:.3f} nats/token ({h['delta']:+.3f})")
+    if h.get("current"):
+        c = h["current"]
+        console.print(f"        against {c['version']}, the current adapter of its registry name: {c['loss']:.3f} -> "
+                      f"{h['finetuned_loss']:.3f} nats/token ({c['delta']:+.3f})")
     if r is None:
         console.print("retention: not measured (finetune.guard_prompts 0 and no finetune.guard_file)")
     else:
@@ -241,19 +249,6 @@ def _print_report(report: dict[str, Any], result: Any, trainable: int, out_dir: 
         console.print(f"regression set: {len(cases)} held-out chat cases -> {work / 'regression.jsonl'} (gate: "
                       f"tinystack eval regress --model {out_dir} --baseline {base_dir} --cases "
                       f"{work / 'regression.jsonl'})")
-
-
-def _register(name: str, out_dir: Path, registry_root: str) -> None:
-    """Add the fine-tuned model as the next version of `name`; current only if the registry's fine-tune gate
-    (eval.registry.finetune_refusal) allows it, as `tinystack models promote` would."""
-    reg = ModelRegistry(registry_root)
-    version = reg.add(name, out_dir, {"gated_against": "base"})
-    refusal = finetune_refusal(reg.record(name, version))
-    if refusal:
-        console.print(f"registry: {name} {version} added, not promoted: {refusal}")
-    else:
-        reg.promote(name, version)
-        console.print(f"registry: {name} {version} promoted (held-out loss below the base's, general prompts kept)")
 
 
 def encode_split_messages(conversations: list[list[dict[str, str]]], formatter: Any, tokenizer: Any,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tinystack.config import Config
-from tinystack.serve.app import lora_modules
+from tinystack.serve import lora_modules
 
 logger = logging.getLogger("tinystack.serve")
 APP_NAME = "tinystack"
@@ -88,7 +88,8 @@ def deploy(model_dir: str | Path, cfg: Config) -> Any:
             request_router_class=f"{ReplicaRouter.__module__}.{ReplicaRouter.__qualname__}",  # by name: imported here
             request_router_kwargs={"policy": s.routing, "overload": s.prefix_overload},
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S, request_routing_stats_timeout_s=5.0))
-    loras = tuple(lora_modules(s))  # every replica loads them at its start, a replaced or rolled one too
+    # every replica loads them at its start, a replaced or rolled one too (a registry adapter: its version now)
+    loras = tuple((name, str(lora_modules.resolve(spec, cfg.run.registry)[0])) for name, spec in lora_modules.parse(s))
     app = deployment.bind(str(model_dir), asdict(cfg.infer), cfg.run.device, threads, loras)
     logger.info("deploying %d replica(s) of %s", s.replicas, model_dir)
     return serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
