@@ -2,10 +2,13 @@
 1, 4 and 16 rank-8 adapters on every projection, against the same 16 on the base alone, in one engine and one run,
 trials interleaved (median). Prints and writes aggregate output tokens/s, TPOT, and the bytes each adapter holds
 (its stacked weights, against its file); and the alternative it replaces: the same requests answered by
-separate merged models, one per adapter, on the same cores (their processes would share the cores: at best one
-merged model's batch-1 speed).
+separate merged models, one per adapter, on the same cores: with --processes N, N processes each holding the
+base with one adapter merged in (in the weight format the engine chose), each answering one request, all at once
+(aggregate output tokens/s from the first start to the last end); without it, one request alone in the engine (what
+one such process gets at best).
 
     .venv/bin/python benchmarks/bench_lora_serve.py --model DIR [--trials 3] [--max-tokens 64] [--compare-paths]
+                                                    [--processes 16]
     -> benchmarks/results/lora_serve.json
 """
 from __future__ import annotations
@@ -48,6 +51,48 @@ def run(llm: LLM, loras: list[str | None], max_tokens: int) -> dict[str, float]:
     return {"tokens_per_s": tokens / wall, "tpot_ms": tpot * 1e3}
 
 
+_PROCESS = """
+import json, sys, time
+from tinystack.infer import LLM, SamplingParams
+from tinystack.infer.quant.linear import quantize_model
+from tinystack.model.io import load_model
+from tinystack.model.lora_adapter import LoRAAdapter
+from tinystack.tokenizer import load_tokenizer
+model_dir, adapter, fmt, n, prompt = sys.argv[1:]
+model = LoRAAdapter.load(adapter).merge_into(load_model(model_dir))
+if fmt != "float32":
+    quantize_model(model, fmt)
+llm = LLM(model, load_tokenizer(model_dir), weight_format="float32", max_num_seqs=1, memory_limit_mb=512)
+llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0))
+print("ready", flush=True)
+sys.stdin.readline()
+t0 = time.time()
+out = llm.generate([prompt], SamplingParams(max_tokens=int(n), temperature=0, ignore_eos=True))[0]
+print(json.dumps({"tokens": len(out.token_ids), "t0": t0, "t1": time.time(),
+                  "tpot_s": out.metrics.decode_s / max(1, len(out.token_ids) - 1)}), flush=True)
+"""
+
+
+def merged_processes(model_dir: str, adapter_dirs: list[Path], fmt: str, max_tokens: int) -> dict[str, float]:
+    """N processes, each the base with one adapter merged (what serving N fine-tunes without adapters takes),
+    loaded first, then all asked one request at once: aggregate output tokens/s over the whole span."""
+    import subprocess
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-c", _PROCESS, model_dir, str(a), fmt, str(max_tokens), PROMPTS[i]],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for i, a in enumerate(adapter_dirs)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:  # every process is loaded and warm: go
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    runs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    span = max(r["t1"] for r in runs) - min(r["t0"] for r in runs)
+    return {"tokens_per_s": sum(r["tokens"] for r in runs) / span,
+            "tpot_ms": statistics.median(r["tpot_s"] for r in runs) * 1e3}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -56,6 +101,7 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--compare-paths", action="store_true", help="16 adapters: the fused step vs the model's "
                     "forward (padded batched products, or per adapter): what each path buys")
+    ap.add_argument("--processes", type=int, default=0, help="also N merged-model processes, one request each")
     args = ap.parse_args()
     from tinystack.model.io import load_model
 
@@ -110,6 +156,16 @@ def main() -> None:
                 trials[name].append(run(llm, cases["16 adapters"], args.max_tokens))
                 lora._Step.__init__, FusedStep.take_loras = batched_step, fused_take
             trials["16 adapters"].append(run(llm, cases["16 adapters"], args.max_tokens))
+    if args.processes:
+        from tinystack.infer.quant.linear import QuantLinear
+
+        # the weight format the engine chose ("auto"), for the merged models too
+        fmt = next((m.packed.fmt for m in llm.engine.model.modules() if isinstance(m, QuantLinear)), "float32")
+        with tempfile.TemporaryDirectory() as d:
+            for i in range(args.processes):
+                adapters[i % 16].save(Path(d) / f"a{i}")
+            trials[f"{args.processes} merged-model processes"] = [
+                merged_processes(args.model, [Path(d) / f"a{i}" for i in range(args.processes)], fmt, args.max_tokens)]
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("tokens_per_s", "tpot_ms")} for k, v in trials.items()}
     base = med["base"]["tokens_per_s"]
     res = {"model": args.model, "rank": args.rank, "max_tokens": args.max_tokens, "trials": args.trials,
