@@ -5,9 +5,12 @@ copy of the model per adapter; here the base weights stay shared and each step a
 
     y = x W^T                                         the base product, for all rows of the step at once
     y[rows of adapter a] += (x[rows] A_a^T) (s B_a)^T  for each adapter a present in the step: rows grouped by
-                                                      adapter and padded into one batch [adapters, rows, in], two
+                                                      adapter and padded into one batch [adapters, rows, in],
                                                       batched products per projection (Punica's SGMV); groups too
                                                       uneven to pad (a long prefill beside decodes): per group
+
+That is the model's forward (LoRAProjection, below), which runs the long steps (prefills); the short ones (every
+decode) do the same per token inside the fused C++ step from the same stacks (infer/fused_step.py, take_loras).
 
 so a batch holding rows of several adapters (and of the base) is one base product plus small ones, and an
 adapter's memory is its own A and B only (kept in the compute dtype). A fused projection (q/k/v -> qkv_proj,
