@@ -25,12 +25,17 @@ TARGETS = {"attn": ("c_attn",), "mlp": ("c_fc", "c_proj"), "all": ("c_attn", "c_
 PROMPTS = [PROMPT, "the list of items", "return the"]
 
 
-def _merged_tokens(base, adapter, tokenizer) -> list[list[int]]:
+def _merged(base, adapter):
+    """A copy of `base` with `adapter` merged into its weights by hand (W += s B A): the reference."""
     model = copy.deepcopy(base)
     with torch.no_grad():
         for path, (a, b) in (adapter.weights if adapter else {}).items():
             model.get_submodule(path).weight += adapter.scale * b @ a
-    llm = LLM(model, tokenizer, weight_format="float32", memory_limit_mb=128)
+    return model.eval()
+
+
+def _merged_tokens(base, adapter, tokenizer) -> list[list[int]]:
+    llm = LLM(_merged(base, adapter), tokenizer, weight_format="float32", memory_limit_mb=128)
     return [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))]
 
 
@@ -250,11 +255,7 @@ def test_echo_with_logprobs_scores_the_prompt_with_therandom_lora(lora_server, t
         return r.json()["choices"][0]["logprobs"]["token_logprobs"][:len(ids)]  # the prompt's, then one generated
 
     for name, adapter in adapters.items():
-        merged = copy.deepcopy(base)
-        with torch.no_grad():
-            for path, (a, b) in adapter.weights.items():
-                merged.get_submodule(path).weight += adapter.scale * b @ a
-        want = [lp for lp, _ in prompt_logprobs(merged.eval(), ids, 1)]
+        want = [lp for lp, _ in prompt_logprobs(_merged(base, adapter), ids, 1)]
         got = echoed(name)
         assert got[0] is None and want[0] is None
         assert got[1:] == pytest.approx(want[1:], abs=1e-4), name

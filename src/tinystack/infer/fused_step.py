@@ -140,8 +140,8 @@ class FusedStep:
         return n_tokens < kernels.GEMM_MIN_ROWS
 
     def take_loras(self, adapters) -> bool:
-        """Hand the C++ the adapters' stacks if the resident set changed since; False (their steps then run the
-        model's forward) where the stacks are not float32 or a projection is not the model's fused one."""
+        """Hand the C++ the adapters' stacks of each layer's four fused projections if the resident set changed
+        since; False (their steps then run the model's forward) where the stacks are not float32 on the CPU."""
         if self._loras == (id(adapters), adapters.version):
             return self._lora_refused is None
         stacks, self._lora_refused = [], None

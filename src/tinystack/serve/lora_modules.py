@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tinystack.config import ServeConfig
-from tinystack.eval.registry import PREFIX, ModelRegistry, is_adapter
+from tinystack.eval.registry import PREFIX, ModelRegistry, is_adapter, resolve_model
 
 logger = logging.getLogger("tinystack.serve")
 FOLLOW_INTERVAL_S = 2.0  # a promotion reaches the server within this long (reading one small JSON file)
@@ -46,11 +46,10 @@ def parse(cfg: ServeConfig) -> list[tuple[str, str]]:
 def resolve(spec: str, registry_root: str | Path) -> tuple[Path, str | None, str | None]:
     """The adapter directory `spec` names; for a registry spec also the name to follow (None when pinned) and
     the version resolved. RegistryError / ValueError (one line) when there is none or it is not an adapter."""
+    path = resolve_model(spec, registry_root)
     if not spec.startswith(PREFIX):
-        return Path(spec), None, None
+        return path, None, None
     name, _, pinned = spec[len(PREFIX):].partition("@")
-    reg = ModelRegistry(registry_root)
-    path = reg.model_dir(name, pinned or None)
     version = path.parent.name
     if not is_adapter(path):
         raise ValueError(f"{spec}: {name} {version} in {registry_root} is a model, not a LoRA adapter")

@@ -176,12 +176,6 @@ class FusedLayers {
     }
   }
 
-  // x [N, H] float32: the step's new tokens' embeddings, rows packed one after another; cos, sin [P, hd]
-  // (model/llama.rotary_table); pos [N] each token's position; rows [N] the row of `tables` [R, T] (int64 block
-  // tables, padding unread) that token belongs to; kc, vc [n_layer, n_kv_head, blocks, block_size, hd] float32.
-  // Every token's key/value is written at its slot before any token attends, so token t sees its row's keys
-  // 0..pos[t]: the cached history and the step's own earlier tokens (causal within a chunk).
-  // -> the hidden states after the last layer [N, H].
   // stacks: per layer and linear (qkv, o, gate_up, down) A [K, P W, in] and s B^T [K, W, out], contiguous float32
   // (P: the linear's fused parts, 3, 1, 2, 1), the same K for all (numel 0: that linear has no adapter); empty:
   // none at all.
@@ -207,6 +201,13 @@ class FusedLayers {
     }
   }
 
+  // x [N, H] float32: the step's new tokens' embeddings, rows packed one after another; cos, sin [P, hd]
+  // (model/llama.rotary_table); pos [N] each token's position; rows [N] the row of `tables` [R, T] (int64 block
+  // tables, padding unread) that token belongs to; kc, vc [n_layer, n_kv_head, blocks, block_size, hd] float32.
+  // Every token's key/value is written at its slot before any token attends, so token t sees its row's keys
+  // 0..pos[t]: the cached history and the step's own earlier tokens (causal within a chunk).
+  // -> the hidden states after the last layer [N, H].
+  // slots [N] int64: each token's place in the LoRA stacks of set_lora (-1: the base); empty: no adapters.
   torch::Tensor step(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos, torch::Tensor rows,
                      torch::Tensor kc, torch::Tensor vc, torch::Tensor tables, torch::Tensor slots_t) {
     TORCH_CHECK(x.dim() == 2 && x.size(1) == H_ && x.scalar_type() == torch::kFloat32, "x must be [N, hidden] float32");
